@@ -1,0 +1,1 @@
+"""Message broker core: protocol-independent routing, queues, topics, acks."""

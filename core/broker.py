@@ -1,0 +1,335 @@
+"""The broker: routing, destinations, dead letters, scheduling and recovery.
+
+Protocol sessions talk to it through ``Connection`` objects (core.connection);
+it talks to storage through ``persistence.store.Store`` and to time through a
+clock with Twisted's IReactorTime shape (``seconds``, ``callLater``), so tests
+can drive it with ``twisted.internet.task.Clock`` and no sockets.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from twisted.logger import Logger
+
+from core import destination as dest
+from core.entry import Entry
+from core.errors import UnknownDestination
+from core.message import Message, decode_message, encode_message
+from core.policy import Policy
+from core.queue import MessageQueue
+from core.storage import (
+    DURABLE_KIND, DURABLE_REF_KIND, SCHEDULED_KIND, DurableStorage, QueueStorage, TopicMessages, seq_key,
+)
+from core.topic import Subscription, TopicSpace
+from persistence.store import Store
+
+if TYPE_CHECKING:
+    from core.connection import Connection
+
+log = Logger(namespace="gateway.core")
+
+
+class Clock(Protocol):
+    def seconds(self) -> float: ...
+
+    def callLater(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> Any: ...
+
+
+class Broker:
+    def __init__(self, store: Store, clock: Clock, policy: Policy | None = None, name: str = "gateway") -> None:
+        self.store = store
+        self.clock = clock
+        self.policy = policy or Policy()
+        self.name = name
+        self.queues: dict[str, MessageQueue] = {}
+        self.topics = TopicSpace(self.policy.retroactive_count)
+        self.durables: dict[str, Subscription] = {}
+        self.topic_messages = TopicMessages(store)
+        self.connections: dict[str, "Connection"] = {}
+        self.temp_owners: dict[str, str] = {}  # temp queue -> owning connection id
+        self._seq = 1
+        self._ids = itertools.count(1)
+        self._conn_ids = itertools.count(1)
+        self._id_prefix = f"ID:{name}-{int(time.time() * 1000)}-"
+        self._scheduled: dict[str, Any] = {}  # record key -> delayed call
+        self._sweeper: Any = None
+        self.messages_received = 0
+        self.started_at = 0.0
+
+    # -- lifecycle ------------------------------------------------------
+
+    def start(self) -> None:
+        self.started_at = self.clock.seconds()
+        self.recover()
+        self._schedule_sweep()
+
+    def stop(self) -> None:
+        if self._sweeper is not None and self._sweeper.active():
+            self._sweeper.cancel()
+        self._sweeper = None
+        for call in self._scheduled.values():
+            if call.active():
+                call.cancel()
+        self._scheduled.clear()
+        self.store.flush()
+
+    def _schedule_sweep(self) -> None:
+        interval = self.policy.expiry_check_interval
+        if interval > 0:
+            self._sweeper = self.clock.callLater(interval, self._sweep)
+
+    def _sweep(self) -> None:
+        now = self.now_ms()
+        for queue in list(self.queues.values()):
+            queue.sweep_expired(now)
+        for sub in list(self.durables.values()):
+            sub.queue.sweep_expired(now)
+        self._schedule_sweep()
+
+    # -- identities and time --------------------------------------------
+
+    def now_ms(self) -> int:
+        return int(self.clock.seconds() * 1000)
+
+    def new_message_id(self) -> str:
+        return self._id_prefix + str(next(self._ids))
+
+    def next_seq(self) -> int:
+        seq = self._seq
+        self._seq = seq + 1
+        return seq
+
+    def connect(self, client_id: str | None = None, protocol: str = "", remote: str = "") -> "Connection":
+        from core.connection import Connection
+
+        conn_id = f"{self.name}-{next(self._conn_ids)}"
+        connection = Connection(self, conn_id, client_id, protocol=protocol, remote=remote)
+        self.connections[conn_id] = connection
+        return connection
+
+    # -- destinations ---------------------------------------------------
+
+    def queue(self, name: str, create: bool = True) -> MessageQueue | None:
+        queue = self.queues.get(name)
+        if queue is None and create:
+            if name.startswith("temp-queue://"):
+                queue = MessageQueue(name, self)
+            else:
+                queue = MessageQueue(name, self, QueueStorage(self.store, name))
+            self.queues[name] = queue
+        return queue
+
+    def create_temp_queue(self, owner: "Connection", name: str) -> str:
+        canonical = f"temp-queue://{owner.id}:{name}"
+        if canonical not in self.queues:
+            self.queue(canonical)
+            self.temp_owners[canonical] = owner.id
+        return canonical
+
+    def delete_temp_queue(self, canonical: str) -> None:
+        queue = self.queues.pop(canonical, None)
+        self.temp_owners.pop(canonical, None)
+        if queue is not None:
+            queue.purge()
+
+    # -- routing --------------------------------------------------------
+
+    def send(self, message: Message, delay_ms: int = 0) -> None:
+        """Route now, or after ``delay_ms`` (scheduled delivery)."""
+        if delay_ms > 0:
+            self._schedule(message, self.now_ms() + delay_ms, self.next_seq(), store=True)
+            return
+        self.route(message)
+
+    def route(self, message: Message) -> None:
+        self.messages_received += 1
+        destination = message.destination
+        if destination.startswith("topic://"):
+            self._publish(message)
+            return
+        if destination.startswith("temp-queue://"):
+            queue = self.queues.get(destination)
+            if queue is None:
+                raise UnknownDestination(f"temporary queue {destination} does not exist (its owner has gone)")
+        else:
+            queue = self.queue(destination)
+        queue.enqueue(Entry(message, self.next_seq()))
+
+    def _publish(self, message: Message) -> None:
+        seq = self.next_seq()
+        levels = dest.topic_levels(dest.name_of(message.destination))
+        self.topics.remember(levels, seq, message)
+        for sub in self.topics.match(levels):
+            if sub.wants(message):
+                sub.queue.enqueue(Entry(message, seq))
+
+    # -- scheduled delivery ---------------------------------------------
+
+    def _schedule(self, message: Message, due_ms: int, seq: int, store: bool) -> None:
+        key = f"{due_ms:015d}:{seq_key(seq)}"
+        if store and message.persistent:
+            self.store.put_record(SCHEDULED_KIND, key, encode_message(message))
+        delay = max(0.0, (due_ms - self.now_ms()) / 1000.0)
+        self._scheduled[key] = self.clock.callLater(delay, self._fire, key, message)
+
+    def _fire(self, key: str, message: Message) -> None:
+        self._scheduled.pop(key, None)
+        if message.persistent:
+            self.store.delete_record(SCHEDULED_KIND, key)
+        try:
+            self.route(message)
+        except UnknownDestination as exc:
+            log.warn("scheduled message {id} dropped: {why}", id=message.id, why=str(exc))
+
+    @property
+    def scheduled_count(self) -> int:
+        return len(self._scheduled)
+
+    # -- redelivery, expiry, dead letters -------------------------------
+
+    def redeliver(self, queue: MessageQueue, entries: list[Entry], reason: str) -> None:
+        """Offer failed deliveries again, or dead-letter the ones that failed too often."""
+        policy = self.policy
+        retry: list[Entry] = []
+        for entry in entries:
+            entry.redeliveries += 1
+            if 0 <= policy.max_redeliveries < entry.redeliveries:
+                self.dead_letter(
+                    queue, entry,
+                    f"delivery failed {entry.redeliveries} times (max_redeliveries={policy.max_redeliveries}); last: {reason}",
+                )
+            else:
+                retry.append(entry)
+        if not retry:
+            return
+        if policy.redelivery_delay_ms > 0:
+            attempts = max(e.redeliveries for e in retry)
+            delay = policy.redelivery_delay_ms * (policy.redelivery_backoff ** (attempts - 1)) / 1000.0
+            self.clock.callLater(delay, queue.push_front, retry)
+        else:
+            queue.push_front(retry)
+
+    def expired(self, queue: MessageQueue, entry: Entry) -> None:
+        if self.policy.expired_to_dlq and (queue.storage is not None or queue.name.startswith("queue://")):
+            self.dead_letter(queue, entry, "message expired")
+        else:
+            queue.settle(entry)
+
+    def dead_letter_queue_for(self, origin: str) -> str:
+        if self.policy.individual_dlq and origin.startswith("queue://"):
+            return "queue://DLQ." + dest.name_of(origin)
+        return self.policy.dead_letter_queue
+
+    def is_dead_letter_queue(self, name: str) -> bool:
+        return name == self.policy.dead_letter_queue or name.startswith("queue://DLQ.")
+
+    def dead_letter(self, queue: MessageQueue, entry: Entry, reason: str) -> None:
+        queue.settle(entry)
+        message = entry.message
+        if self.is_dead_letter_queue(queue.name):
+            log.warn("dropping {id} from dead-letter queue {q}: {why}", id=message.id, q=queue.name, why=reason)
+            return
+        headers = dict(message.headers)
+        headers["originalDestination"] = message.destination
+        headers["dlqDeliveryFailureCause"] = reason
+        copy = message.copy(destination=self.dead_letter_queue_for(message.destination), headers=headers, expiration=0)
+        self.queue(copy.destination).enqueue(Entry(copy, self.next_seq()))
+
+    # -- durable subscriptions ------------------------------------------
+
+    def durable_subscription(
+        self, key: str, destination: str, selector_text: str | None, selector: Any, no_local: bool,
+    ) -> Subscription:
+        """Find or create a durable subscription; a changed definition starts afresh (as JMS)."""
+        existing = self.durables.get(key)
+        if existing is not None:
+            same = existing.destination == destination and _selector_text(existing) == (selector_text or None)
+            if same and existing.no_local == no_local:
+                return existing
+            self.remove_durable(key)
+        queue = MessageQueue(f"durable://{key}", self, DurableStorage(self.store, key, self.topic_messages))
+        sub = Subscription(queue, destination, selector=selector, no_local=no_local, durable_key=key)
+        self.durables[key] = sub
+        self.topics.add(sub)
+        record = {"destination": destination, "selector": selector_text or None, "no_local": no_local}
+        self.store.put_record(DURABLE_KIND, key, json.dumps(record).encode())
+        return sub
+
+    def remove_durable(self, key: str) -> bool:
+        sub = self.durables.pop(key, None)
+        if sub is None:
+            return False
+        self.topics.remove(sub)
+        for consumer in list(sub.queue.consumers):
+            sub.queue.remove_consumer(consumer)
+        sub.queue.purge()
+        self.store.delete_record(DURABLE_KIND, key)
+        return True
+
+    # -- recovery -------------------------------------------------------
+
+    def recover(self) -> None:
+        """Rebuild queues, durable subscriptions and scheduled messages from the store."""
+        from core.selector import compile_selector
+
+        store = self.store
+        max_seq = 0
+        for key, raw in store.iter_records(DURABLE_KIND):
+            record = json.loads(raw)
+            text = record.get("selector")
+            selector = compile_selector(text) if text else None
+            queue = MessageQueue(f"durable://{key}", self, DurableStorage(store, key, self.topic_messages))
+            sub = Subscription(
+                queue, record["destination"], selector=selector, no_local=record.get("no_local", False), durable_key=key,
+            )
+            self.durables[key] = sub
+            self.topics.add(sub)
+        topic_cache: dict[tuple[str, int], Message] = {}
+        for destination in store.destinations():
+            if destination.startswith("topic://"):
+                for seq, data in store.iter_messages(destination):
+                    topic_cache[(destination, seq)] = decode_message(data)
+                    max_seq = max(max_seq, seq)
+                continue
+            queue = self.queue(destination)
+            for seq, data in store.iter_messages(destination):
+                queue.restore(Entry(decode_message(data), seq))
+                max_seq = max(max_seq, seq)
+        referenced: set[tuple[str, int]] = set()
+        for key, raw in store.iter_records(DURABLE_REF_KIND):
+            durable_key, seq_text = key.rsplit("\0", 1)
+            seq = int(seq_text)
+            topic = raw.decode()
+            message = topic_cache.get((topic, seq))
+            sub = self.durables.get(durable_key)
+            if message is None or sub is None:
+                store.delete_record(DURABLE_REF_KIND, key)  # a reference left by a crash
+                continue
+            sub.queue.restore(Entry(message, seq))
+            self.topic_messages.refs[seq] = self.topic_messages.refs.get(seq, 0) + 1
+            referenced.add((topic, seq))
+        for (topic, seq) in topic_cache.keys() - referenced:
+            store.delete_message(topic, seq)  # nobody holds it any more
+        for key, data in store.iter_records(SCHEDULED_KIND):
+            due_text, seq_text = key.split(":", 1)
+            message = decode_message(data)
+            seq = int(seq_text)
+            max_seq = max(max_seq, seq)
+            delay = max(0.0, (int(due_text) - self.now_ms()) / 1000.0)
+            self._scheduled[key] = self.clock.callLater(delay, self._fire, key, message)
+        self._seq = max(self._seq, max_seq + 1)
+        if max_seq:
+            log.info(
+                "recovered {q} queues, {d} durable subscriptions, {s} scheduled messages",
+                q=len(self.queues), d=len(self.durables), s=len(self._scheduled),
+            )
+
+
+def _selector_text(sub: Subscription) -> str | None:
+    selector = sub.selector
+    if selector is None:
+        return None
+    return getattr(selector, "text", None) or None

@@ -1,0 +1,255 @@
+"""A client connection as the core sees it, whatever its protocol.
+
+Sessions call these methods; the connection owns what dies with the client
+(consumers, open transactions, temporary queues) and puts back what the
+client held but did not acknowledge.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Callable
+
+from core import destination as dest
+from core.consumer import AckMode, Consumer, Sink
+from core.entry import Entry
+from core.errors import BrokerError, SubscriptionError, UnknownDelivery, UnknownDestination, UnknownTransaction
+from core.message import Message
+from core.queue import MessageQueue
+from core.selector import SelectorError, compile_selector
+from core.topic import Subscription
+
+if TYPE_CHECKING:
+    from core.broker import Broker
+
+
+class Transaction:
+    """Work held back until COMMIT: sends to route, entries to settle or to fail."""
+
+    __slots__ = ("id", "sends", "settles", "failures")
+
+    def __init__(self, id: str) -> None:
+        self.id = id
+        self.sends: list[tuple[Message, int]] = []
+        self.settles: list[tuple[MessageQueue, Entry]] = []
+        self.failures: list[tuple[MessageQueue, Entry]] = []
+
+
+class Connection:
+    def __init__(self, broker: "Broker", id: str, client_id: str | None, protocol: str = "", remote: str = "") -> None:
+        self.broker = broker
+        self.id = id
+        self.client_id = client_id
+        self.protocol = protocol
+        self.remote = remote
+        # False while the client's socket cannot take more: consumers then have no credit.
+        self.writable = True
+        self.consumers: dict[str, Consumer] = {}
+        self.subscriptions: dict[Consumer, Subscription] = {}
+        self.transactions: dict[str, Transaction] = {}
+        self.temp_queues: set[str] = set()
+        self.closed = False
+        self._consumer_ids = itertools.count(1)
+
+    # -- producing ------------------------------------------------------
+
+    def send(self, message: Message, transaction: str | None = None, delay_ms: int = 0) -> None:
+        dest.validate(message.destination, allow_wildcards=False)
+        if message.destination.startswith("temp-queue://") and message.destination not in self.broker.queues:
+            raise UnknownDestination(f"temporary queue {message.destination} does not exist (its owner has gone)")
+        message.origin = self.id
+        if transaction is not None:
+            self._transaction(transaction).sends.append((message, delay_ms))
+        else:
+            self.broker.send(message, delay_ms)
+
+    def temp_queue(self, name: str) -> str:
+        """This connection's temporary queue of that name, created on first use."""
+        canonical = self.broker.create_temp_queue(self, name)
+        self.temp_queues.add(canonical)
+        return canonical
+
+    # -- consuming ------------------------------------------------------
+
+    def subscribe(
+        self,
+        destination: str,
+        sink: Sink,
+        *,
+        ack_mode: AckMode = AckMode.AUTO,
+        prefetch: int | None = None,
+        selector: str | None = None,
+        exclusive: bool = False,
+        durable_name: str | None = None,
+        retroactive: bool = False,
+        no_local: bool = False,
+        handle: object = None,
+    ) -> Consumer:
+        broker = self.broker
+        dest.validate(destination, allow_wildcards=True)
+        compiled = None
+        if selector is not None and selector.strip():
+            try:
+                compiled = compile_selector(selector)
+            except SelectorError as exc:
+                raise SubscriptionError(f"invalid selector: {exc}") from None
+        consumer_id = f"{self.id}/{next(self._consumer_ids)}"
+        if prefetch is None:
+            prefetch = broker.policy.default_prefetch
+
+        if destination.startswith("topic://"):
+            if durable_name:
+                if not self.client_id:
+                    raise SubscriptionError("a durable subscription needs a client id on the connection")
+                key = f"{self.client_id}:{durable_name}"
+                sub = broker.durable_subscription(key, destination, selector, compiled, no_local)
+                if sub.queue.consumers:
+                    raise SubscriptionError(f"durable subscription {durable_name!r} of client {self.client_id!r} is already active")
+            else:
+                queue = MessageQueue(f"subscription://{consumer_id}", broker)
+                sub = Subscription(queue, destination, selector=compiled, no_local=no_local)
+            sub.owner_id = self.id
+            if retroactive:
+                for seq, message in broker.topics.replay(sub.levels):
+                    if sub.wants(message):
+                        sub.queue.enqueue(Entry(message, seq))
+            if not durable_name:
+                broker.topics.add(sub)
+            consumer = Consumer(consumer_id, self, sub.queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
+            self.subscriptions[consumer] = sub
+        else:
+            if destination.startswith("temp-queue://"):
+                owner = broker.temp_owners.get(destination)
+                if owner is None:
+                    raise UnknownDestination(f"temporary queue {destination} does not exist")
+                if owner != self.id:
+                    raise SubscriptionError("only the connection that created a temporary queue can consume from it")
+            queue = broker.queue(destination)
+            consumer = Consumer(
+                consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch,
+                selector=compiled, exclusive=exclusive, handle=handle,
+            )
+        self.consumers[consumer_id] = consumer
+        consumer.queue.add_consumer(consumer)
+        return consumer
+
+    def unsubscribe(self, consumer: Consumer, *, remove_durable: bool = False) -> None:
+        if self.consumers.pop(consumer.id, None) is None:
+            return
+        queue = consumer.queue
+        unacked = queue.remove_consumer(consumer)
+        sub = self.subscriptions.pop(consumer, None)
+        if sub is not None and sub.durable_key is None:
+            # A plain topic subscription ends with its consumer; what it held is gone.
+            self.broker.topics.remove(sub)
+            return
+        if unacked:
+            self.broker.redeliver(queue, unacked, "consumer closed")
+        if sub is not None and remove_durable:
+            self.broker.remove_durable(sub.durable_key)  # type: ignore[arg-type]
+
+    def remove_durable(self, name: str) -> bool:
+        """Drop an inactive durable subscription of this client (UNSUBSCRIBE by name)."""
+        if not self.client_id:
+            raise SubscriptionError("removing a durable subscription needs a client id on the connection")
+        key = f"{self.client_id}:{name}"
+        sub = self.broker.durables.get(key)
+        if sub is None:
+            return False
+        if sub.queue.consumers:
+            raise SubscriptionError(f"durable subscription {name!r} is active")
+        return self.broker.remove_durable(key)
+
+    # -- acknowledging --------------------------------------------------
+
+    def ack(self, consumer: Consumer, tag: int, transaction: str | None = None) -> None:
+        entries = consumer.take(tag)
+        if not entries:
+            raise UnknownDelivery("no unacknowledged message with that id on this subscription")
+        queue = consumer.queue
+        if transaction is not None:
+            tx = self._transaction(transaction)
+            tx.settles.extend((queue, e) for e in entries)
+        else:
+            for entry in entries:
+                queue.settle(entry)
+        queue.dispatch()
+
+    def nack(self, consumer: Consumer, tag: int, transaction: str | None = None) -> None:
+        entries = consumer.take(tag)
+        if not entries:
+            raise UnknownDelivery("no unacknowledged message with that id on this subscription")
+        queue = consumer.queue
+        if transaction is not None:
+            self._transaction(transaction).failures.extend((queue, e) for e in entries)
+            queue.dispatch()
+        else:
+            self.broker.redeliver(queue, entries, "rejected by the consumer (NACK)")
+
+    # -- transactions ---------------------------------------------------
+
+    def _transaction(self, tx_id: str) -> Transaction:
+        tx = self.transactions.get(tx_id)
+        if tx is None:
+            raise UnknownTransaction(f"transaction {tx_id!r} has not been started")
+        return tx
+
+    def begin(self, tx_id: str) -> None:
+        if tx_id in self.transactions:
+            raise BrokerError(f"transaction {tx_id!r} is already started")
+        self.transactions[tx_id] = Transaction(tx_id)
+
+    def commit(self, tx_id: str) -> None:
+        tx = self._transaction(tx_id)
+        del self.transactions[tx_id]
+        broker = self.broker
+        for message, delay in tx.sends:
+            try:
+                broker.send(message, delay)
+            except UnknownDestination:
+                pass  # a temporary queue that died since the send: as if sent before it died
+        for queue, entry in tx.settles:
+            queue.settle(entry)
+        for queue, entries in _by_queue(tx.failures):
+            broker.redeliver(queue, entries, "rejected by the consumer (NACK)")
+
+    def abort(self, tx_id: str) -> None:
+        tx = self._transaction(tx_id)
+        del self.transactions[tx_id]
+        for queue, entries in _by_queue(tx.settles + tx.failures):
+            self.broker.redeliver(queue, entries, "transaction aborted")
+
+    # -- flow and life --------------------------------------------------
+
+    def when_durable(self, callback: Callable[[], None]) -> None:
+        self.broker.store.when_durable(callback)
+
+    def pause(self) -> None:
+        self.writable = False
+
+    def resume(self) -> None:
+        self.writable = True
+        for consumer in list(self.consumers.values()):
+            consumer.queue.dispatch()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.writable = False
+        for tx_id in list(self.transactions):
+            self.abort(tx_id)
+        for consumer in list(self.consumers.values()):
+            self.unsubscribe(consumer)
+        for name in self.temp_queues:
+            self.broker.delete_temp_queue(name)
+        self.temp_queues.clear()
+        self.broker.connections.pop(self.id, None)
+
+
+def _by_queue(pairs: list[tuple[MessageQueue, Entry]]) -> list[tuple[MessageQueue, list[Entry]]]:
+    grouped: dict[int, tuple[MessageQueue, list[Entry]]] = {}
+    for queue, entry in pairs:
+        grouped.setdefault(id(queue), (queue, []))[1].append(entry)
+    for _, entries in grouped.values():
+        entries.sort(key=lambda e: e.seq)
+    return list(grouped.values())

@@ -1,0 +1,102 @@
+"""A consumer: one subscription's claim on a queue, with its credit and unacked deliveries."""
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    from core.entry import Entry
+    from core.queue import MessageQueue
+    from core.selector import Selector
+
+
+class AckMode(enum.Enum):
+    AUTO = "auto"                      # settled when sent
+    CLIENT = "client"                  # an ack settles everything delivered before it
+    CLIENT_INDIVIDUAL = "client-individual"
+
+
+class Owner(Protocol):
+    """What a consumer needs from its connection: whether its socket can take more."""
+
+    writable: bool
+    id: str
+
+
+# sink(consumer, entry, tag): the session turns a delivery into a frame.
+Sink = Callable[["Consumer", "Entry", int], None]
+
+
+class Consumer:
+    __slots__ = (
+        "id", "owner", "queue", "ack_mode", "prefetch", "selector", "exclusive",
+        "sink", "unacked", "next_tag", "groups", "closed", "handle",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        owner: Owner,
+        queue: "MessageQueue",
+        sink: Sink,
+        *,
+        ack_mode: AckMode = AckMode.AUTO,
+        prefetch: int = 1000,
+        selector: "Selector | None" = None,
+        exclusive: bool = False,
+        handle: object = None,
+    ) -> None:
+        self.id = id
+        self.owner = owner
+        self.queue = queue
+        self.sink = sink
+        self.ack_mode = ack_mode
+        self.prefetch = max(1, prefetch)
+        self.selector = selector
+        self.exclusive = exclusive
+        # Deliveries awaiting an ack, by tag, in delivery order.
+        self.unacked: dict[int, "Entry"] = {}
+        self.next_tag = 1
+        # Message groups this consumer owns, so leaving releases them in O(own groups).
+        self.groups: set[str] = set()
+        self.closed = False
+        # The session's own object for this subscription (e.g. the STOMP id).
+        self.handle = handle
+
+    def has_credit(self) -> bool:
+        return self.owner.writable and len(self.unacked) < self.prefetch and not self.closed
+
+    def accepts(self, entry: "Entry") -> bool:
+        selector = self.selector
+        return selector is None or selector.matches(entry.message.lookup)
+
+    def deliver(self, entry: "Entry") -> None:
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        if self.ack_mode is AckMode.AUTO:
+            self.sink(self, entry, tag)
+            self.queue.settle(entry)
+        else:
+            self.unacked[tag] = entry
+            self.sink(self, entry, tag)
+
+    def take(self, tag: int) -> list["Entry"]:
+        """Remove and return what an ack or nack of ``tag`` covers.
+
+        Client mode is cumulative (everything delivered up to the tag);
+        client-individual is the one delivery.
+        """
+        unacked = self.unacked
+        if tag not in unacked:
+            return []
+        if self.ack_mode is AckMode.CLIENT:
+            taken = []
+            for t in list(unacked):
+                taken.append(unacked.pop(t))
+                if t == tag:
+                    break
+            return taken
+        return [unacked.pop(tag)]
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.id} on {self.queue.name}>"

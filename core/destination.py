@@ -1,0 +1,72 @@
+"""Canonical destination names shared by every protocol.
+
+``queue://a.b.c``, ``topic://a.b.c`` and ``temp-queue://owner:name``.  Topic
+names are sequences of levels; protocols map their own separators onto levels
+(STOMP ``.``, MQTT ``/``), so one topic is one topic whoever publishes to it.
+Wildcards in canonical form are ``*`` (one level) and ``>`` (this level and
+all below), as ActiveMQ spells them.
+"""
+from __future__ import annotations
+
+from core.errors import BrokerError
+
+QUEUE = "queue"
+TOPIC = "topic"
+TEMP_QUEUE = "temp-queue"
+
+_PREFIXES = {"queue://": QUEUE, "topic://": TOPIC, "temp-queue://": TEMP_QUEUE}
+
+ONE_LEVEL = "*"
+ALL_LEVELS = ">"
+
+
+class InvalidDestination(BrokerError, ValueError):
+    """A destination name the broker cannot route to."""
+
+
+def kind_of(destination: str) -> str:
+    for prefix, kind in _PREFIXES.items():
+        if destination.startswith(prefix):
+            return kind
+    raise InvalidDestination(f"unknown destination type in {destination!r}")
+
+
+def name_of(destination: str) -> str:
+    """The part after the scheme."""
+    return destination.split("://", 1)[1]
+
+
+def is_queue_like(destination: str) -> bool:
+    return destination.startswith("queue://") or destination.startswith("temp-queue://")
+
+
+def topic_levels(name: str) -> tuple[str, ...]:
+    """Levels of a canonical topic name (without the scheme)."""
+    return tuple(name.split("."))
+
+
+def has_wildcard(destination: str) -> bool:
+    if not destination.startswith("topic://"):
+        return False
+    return any(level in (ONE_LEVEL, ALL_LEVELS) for level in topic_levels(name_of(destination)))
+
+
+def validate(destination: str, *, allow_wildcards: bool) -> str:
+    """Check a canonical name before it reaches a queue or the trie.
+
+    Wildcards are only meaningful in topic subscriptions; a ``>`` that is not
+    the last level would never match anything, so it is refused up front.
+    """
+    kind = kind_of(destination)
+    name = name_of(destination)
+    if not name:
+        raise InvalidDestination("empty destination name")
+    if kind == TOPIC:
+        levels = topic_levels(name)
+        for i, level in enumerate(levels):
+            if level in (ONE_LEVEL, ALL_LEVELS):
+                if not allow_wildcards:
+                    raise InvalidDestination(f"wildcard in a destination to send to: {destination}")
+                if level == ALL_LEVELS and i != len(levels) - 1:
+                    raise InvalidDestination(f"'>' must be the last level: {destination}")
+    return destination

@@ -1,0 +1,36 @@
+"""The core's part of the configuration: one typed object, passed down.
+
+The gateway builds it from TOML and flags; the core never reads files or
+the environment.  Defaults follow ActiveMQ where it has one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Policy:
+    # Redelivery: a message whose delivery failed more than this many times
+    # goes to the dead-letter queue (ActiveMQ's maximumRedeliveries = 6).
+    # -1 means redeliver forever.
+    max_redeliveries: int = 6
+    # Delay before a failed message is offered again, grown by the multiplier
+    # for each further failure (ActiveMQ's redeliveryDelay/backOffMultiplier).
+    redelivery_delay_ms: int = 0
+    redelivery_backoff: float = 1.0
+    # Dead letters go to this queue, or with individual_dlq to DLQ.<name>.
+    dead_letter_queue: str = "queue://DLQ"
+    individual_dlq: bool = False
+    # Whether expired messages are kept as dead letters (True) or dropped.
+    expired_to_dlq: bool = True
+    # Unacknowledged deliveries a consumer may hold when it names no prefetch.
+    default_prefetch: int = 1000
+    # How many recent messages a topic keeps for retroactive consumers (0: none).
+    retroactive_count: int = 100
+    # How many pending messages one dispatch pass looks at to find a match for
+    # selectors and groups (ActiveMQ's maxPageSize): bounds the work per pass.
+    max_page_size: int = 400
+    # Seconds between sweeps that move expired messages out of idle queues.
+    expiry_check_interval: float = 1.0
+    # Default for messages whose producer did not say (STOMP `persistent`).
+    default_persistent: bool = False

@@ -1,0 +1,342 @@
+"""A queue of entries and the dispatch of them to consumers.
+
+The same class serves queues, temporary queues and topic subscriptions
+(a subscription is a queue with one consumer, a shared or durable one a queue
+that outlives or is shared by its consumers), so acks, prefetch, redelivery,
+expiry and groups behave the same everywhere.
+
+Dispatch has two paths.  The common one (no selectors, no message groups)
+pops the head and hands it to the next consumer with credit, round robin: O(1)
+per message.  When selectors or groups are in play a pass looks through at
+most ``max_page_size`` pending entries for ones some consumer can take,
+leaving the rest in place and in order (ActiveMQ's page-in window).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Iterator, Protocol
+
+from core.consumer import Consumer
+from core.entry import Entry
+from core.policy import Policy
+
+if TYPE_CHECKING:
+    pass
+
+PRIORITIES = 10
+
+
+class Storage(Protocol):
+    """Where a queue keeps its persistent entries (queue range, or durable refs)."""
+
+    def add(self, entry: Entry) -> None: ...
+
+    def remove(self, entry: Entry) -> None: ...
+
+
+class Host(Protocol):
+    policy: Policy
+
+    def now_ms(self) -> int: ...
+
+    def expired(self, queue: "MessageQueue", entry: Entry) -> None: ...
+
+
+class Pending:
+    """Entries waiting for a consumer: a deque per priority, highest served first."""
+
+    __slots__ = ("levels", "size")
+
+    def __init__(self) -> None:
+        self.levels: list[deque[Entry]] = [deque() for _ in range(PRIORITIES)]
+        self.size = 0
+
+    def append(self, entry: Entry) -> None:
+        self.levels[entry.message.priority].append(entry)
+        self.size += 1
+
+    def push_front(self, entries: list[Entry]) -> None:
+        """Put entries back ahead of everything of their priority, keeping their order."""
+        levels = self.levels
+        for entry in reversed(entries):
+            levels[entry.message.priority].appendleft(entry)
+        self.size += len(entries)
+
+    def popleft(self) -> Entry:
+        levels = self.levels
+        for p in range(PRIORITIES - 1, -1, -1):
+            level = levels[p]
+            if level:
+                self.size -= 1
+                return level.popleft()
+        raise IndexError("pop from empty Pending")
+
+    def __iter__(self) -> Iterator[Entry]:
+        for p in range(PRIORITIES - 1, -1, -1):
+            yield from self.levels[p]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def clear(self) -> list[Entry]:
+        out = list(self)
+        for level in self.levels:
+            level.clear()
+        self.size = 0
+        return out
+
+
+class MessageQueue:
+    def __init__(self, name: str, host: Host, storage: Storage | None = None) -> None:
+        self.name = name
+        self.host = host
+        self.storage = storage
+        self.pending = Pending()
+        self.consumers: list[Consumer] = []
+        self.groups: dict[str, Consumer] = {}
+        self.enqueued = 0
+        self.dequeued = 0
+        self._rr = 0
+        self._selectors = 0
+        self._exclusives = 0
+        self._uses_groups = False
+        self._may_expire = False
+        self._busy = False
+        self._again = False
+
+    # -- state ----------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.pending.size
+
+    @property
+    def inflight(self) -> int:
+        return sum(len(c.unacked) for c in self.consumers)
+
+    def messages(self) -> list[Entry]:
+        """Pending entries in the order they would be delivered (for browsing)."""
+        return list(self.pending)
+
+    # -- producers ------------------------------------------------------
+
+    def enqueue(self, entry: Entry) -> None:
+        message = entry.message
+        if self.storage is not None and message.persistent and not entry.stored:
+            self.storage.add(entry)
+            entry.stored = True
+        self.pending.append(entry)
+        self.enqueued += 1
+        if message.group_id is not None:
+            self._uses_groups = True
+        if message.expiration:
+            self._may_expire = True
+        if self.consumers:
+            self.dispatch()
+
+    def restore(self, entry: Entry) -> None:
+        """Add an entry recovered from the store (already stored, not counted again)."""
+        entry.stored = True
+        self.pending.append(entry)
+        if entry.message.group_id is not None:
+            self._uses_groups = True
+        if entry.message.expiration:
+            self._may_expire = True
+
+    def push_front(self, entries: list[Entry]) -> None:
+        """Return entries for redelivery, ahead of newer ones, in their original order."""
+        if not entries:
+            return
+        self.pending.push_front(entries)
+        for entry in entries:
+            if entry.message.group_id is not None:
+                self._uses_groups = True
+            if entry.message.expiration:
+                self._may_expire = True
+        self.dispatch()
+
+    def settle(self, entry: Entry) -> None:
+        """An entry is done with (acked, dead-lettered, expired): drop it from the store."""
+        if entry.stored and self.storage is not None:
+            self.storage.remove(entry)
+            entry.stored = False
+        self.dequeued += 1
+
+    # -- consumers ------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        if consumer.selector is not None:
+            self._selectors += 1
+        if consumer.exclusive:
+            self._exclusives += 1
+        self.dispatch()
+
+    def remove_consumer(self, consumer: Consumer) -> list[Entry]:
+        """Detach a consumer; returns its unacked entries, oldest first, for redelivery."""
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+            if consumer.selector is not None:
+                self._selectors -= 1
+            if consumer.exclusive:
+                self._exclusives -= 1
+        consumer.closed = True
+        for group in consumer.groups:
+            if self.groups.get(group) is consumer:
+                del self.groups[group]
+        consumer.groups.clear()
+        unacked = list(consumer.unacked.values())
+        consumer.unacked.clear()
+        return unacked
+
+    def active_consumers(self) -> list[Consumer]:
+        """Who may receive now: the first exclusive consumer alone if there is one."""
+        if self._exclusives:
+            for consumer in self.consumers:
+                if consumer.exclusive:
+                    return [consumer]
+        return self.consumers
+
+    # -- dispatch -------------------------------------------------------
+
+    def dispatch(self) -> None:
+        if self._busy:
+            # A delivery led back here (an ack, a redelivery): finish in the outer pass.
+            self._again = True
+            return
+        if not self.pending.size or not self.consumers:
+            return
+        self._busy = True
+        try:
+            again = True
+            while again:
+                self._again = False
+                targets = self.active_consumers()
+                if self._selectors or self._uses_groups:
+                    self._dispatch_scan(targets)
+                else:
+                    self._dispatch_simple(targets)
+                again = self._again and self.pending.size > 0
+        finally:
+            self._busy = False
+
+    def _dispatch_simple(self, targets: list[Consumer]) -> None:
+        pending = self.pending
+        n = len(targets)
+        now = self.host.now_ms() if self._may_expire else 0
+        misses = 0
+        while pending.size and misses < n:
+            consumer = targets[self._rr % n]
+            self._rr += 1
+            if not consumer.has_credit():
+                misses += 1
+                continue
+            misses = 0
+            entry = pending.popleft()
+            expiration = entry.message.expiration
+            if expiration and expiration <= now:
+                self.host.expired(self, entry)
+                continue
+            consumer.deliver(entry)
+            if len(targets) != n:  # a delivery closed a consumer (e.g. its socket failed)
+                return
+
+    def _next_with_credit(self, targets: list[Consumer], entry: Entry) -> Consumer | None:
+        n = len(targets)
+        for _ in range(n):
+            consumer = targets[self._rr % n]
+            self._rr += 1
+            if consumer.has_credit() and consumer.accepts(entry):
+                return consumer
+        return None
+
+    def _choose(self, targets: list[Consumer], entry: Entry) -> Consumer | None:
+        group = entry.message.group_id
+        if group is None:
+            return self._next_with_credit(targets, entry)
+        owner = self.groups.get(group)
+        if owner is not None:
+            if owner in targets and owner.has_credit() and owner.accepts(entry):
+                return owner
+            if owner in targets:
+                return None  # the group waits for its owner, in order
+            # The owner is a standby now (an exclusive consumer arrived): regroup.
+            del self.groups[group]
+            owner.groups.discard(group)
+        consumer = self._next_with_credit(targets, entry)
+        if consumer is not None and entry.message.group_seq != -1:
+            self.groups[group] = consumer
+            consumer.groups.add(group)
+        return consumer
+
+    def _dispatch_scan(self, targets: list[Consumer]) -> None:
+        budget = self.host.policy.max_page_size
+        now = self.host.now_ms() if self._may_expire else 0
+        pending = self.pending
+        for p in range(PRIORITIES - 1, -1, -1):
+            level = pending.levels[p]
+            if not level:
+                continue
+            kept: list[Entry] = []
+            while level and budget > 0:
+                if not any(c.has_credit() for c in targets):
+                    budget = 0
+                    break
+                entry = level.popleft()
+                budget -= 1
+                message = entry.message
+                if message.expiration and message.expiration <= now:
+                    pending.size -= 1
+                    self.host.expired(self, entry)
+                    continue
+                consumer = self._choose(targets, entry)
+                if consumer is None:
+                    kept.append(entry)
+                    continue
+                pending.size -= 1
+                if message.group_seq == -1 and message.group_id is not None:
+                    # The last message of a group closes it: the next one starts afresh.
+                    owner = self.groups.pop(message.group_id, None)
+                    if owner is not None:
+                        owner.groups.discard(message.group_id)
+                consumer.deliver(entry)
+            level.extendleft(reversed(kept))
+            if budget <= 0:
+                break
+        if not pending.size and not self.groups:
+            self._uses_groups = False
+
+    # -- housekeeping ---------------------------------------------------
+
+    def sweep_expired(self, now_ms: int) -> int:
+        """Move expired entries out even when no consumer is asking (idle queues)."""
+        if not self._may_expire:
+            return 0
+        expired = 0
+        still_expiring = False
+        for level in self.pending.levels:
+            if not level:
+                continue
+            kept = deque()
+            for entry in level:
+                expiration = entry.message.expiration
+                if expiration and expiration <= now_ms:
+                    expired += 1
+                    self.pending.size -= 1
+                    self.host.expired(self, entry)
+                else:
+                    if expiration:
+                        still_expiring = True
+                    kept.append(entry)
+            level.clear()
+            level.extend(kept)
+        self._may_expire = still_expiring
+        return expired
+
+    def purge(self) -> int:
+        entries = self.pending.clear()
+        for entry in entries:
+            self.settle(entry)
+        return len(entries)
+
+    def __repr__(self) -> str:
+        return f"<MessageQueue {self.name} pending={self.pending.size} consumers={len(self.consumers)}>"

@@ -1,0 +1,77 @@
+"""Topic subscriptions and the recent-message window for retroactive consumers."""
+from __future__ import annotations
+
+from collections import deque
+
+from core.destination import name_of, topic_levels
+from core.message import Message
+from core.queue import MessageQueue
+from core.selector import Selector
+from core.trie import TopicTrie, filter_matches
+
+
+class Subscription:
+    """One topic subscription: a filter in the trie feeding its own queue.
+
+    Selector and no-local are applied when a message fans out, so a
+    subscriber's queue only ever holds what it will be given.
+    """
+
+    __slots__ = ("queue", "destination", "levels", "selector", "no_local", "owner_id", "durable_key")
+
+    def __init__(
+        self,
+        queue: MessageQueue,
+        destination: str,
+        *,
+        selector: Selector | None = None,
+        no_local: bool = False,
+        owner_id: str | None = None,
+        durable_key: str | None = None,
+    ) -> None:
+        self.queue = queue
+        self.destination = destination
+        self.levels = topic_levels(name_of(destination))
+        self.selector = selector
+        self.no_local = no_local
+        self.owner_id = owner_id
+        self.durable_key = durable_key
+
+    def wants(self, message: Message) -> bool:
+        if self.no_local and message.origin is not None and message.origin == self.owner_id:
+            return False
+        selector = self.selector
+        return selector is None or selector.matches(message.lookup)
+
+
+class TopicSpace:
+    def __init__(self, retroactive_count: int) -> None:
+        self.trie: TopicTrie[Subscription] = TopicTrie()
+        self.retroactive_count = retroactive_count
+        self.recent: dict[tuple[str, ...], deque[tuple[int, Message]]] = {}
+
+    def add(self, subscription: Subscription) -> None:
+        self.trie.add(subscription.levels, subscription)
+
+    def remove(self, subscription: Subscription) -> None:
+        self.trie.remove(subscription.levels, subscription)
+
+    def match(self, levels: tuple[str, ...]) -> list[Subscription]:
+        return self.trie.match(levels)
+
+    def remember(self, levels: tuple[str, ...], seq: int, message: Message) -> None:
+        if self.retroactive_count <= 0:
+            return
+        window = self.recent.get(levels)
+        if window is None:
+            window = self.recent[levels] = deque(maxlen=self.retroactive_count)
+        window.append((seq, message))
+
+    def replay(self, filter_levels: tuple[str, ...]) -> list[tuple[int, Message]]:
+        """Recent messages of every topic the filter matches, oldest first."""
+        found: list[tuple[int, Message]] = []
+        for levels, window in self.recent.items():
+            if filter_matches(filter_levels, levels):
+                found.extend(window)
+        found.sort(key=lambda item: item[0])
+        return found

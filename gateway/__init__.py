@@ -1,0 +1,1 @@
+"""Composition root: configuration, broker assembly, listeners, CLI."""

@@ -1,0 +1,67 @@
+"""``gateway run``: start the broker from its embedded default, a TOML file and flags."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from twisted.logger import (
+    FilteringLogObserver, LogLevel, LogLevelFilterPredicate, globalLogBeginner, textFileLogObserver,
+)
+
+from gateway import config as configuration
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description="STOMP/MQTT/WebSocket message broker")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the broker (embedded default: STOMP on 127.0.0.1:61613, data in ./data)")
+    run.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    run.add_argument("--host", help="address every listener binds to (default 127.0.0.1)")
+    run.add_argument("--data-dir", metavar="DIR", help="data directory (default ./data)")
+    run.add_argument("--stomp-port", type=int, metavar="N", help="STOMP over TCP port (default 61613, 0 disables)")
+    run.add_argument("--log-level", choices=configuration.LOG_LEVELS, help="default info")
+    return parser
+
+
+def _start_logging(level: str) -> None:
+    predicate = LogLevelFilterPredicate(defaultLogLevel=LogLevel.levelWithName(level))
+    observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [predicate])
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = configuration.load(args.config, {
+            "host": args.host, "data_dir": args.data_dir, "stomp_port": args.stomp_port, "log_level": args.log_level,
+        })
+    except configuration.ConfigError as exc:
+        print(f"gateway: configuration error: {exc}", file=sys.stderr)
+        return 2
+    _start_logging(config.log_level)
+
+    from twisted.internet import reactor
+
+    from gateway.server import Gateway
+
+    gateway = Gateway(config, reactor)
+    try:
+        gateway.start()
+    except Exception as exc:  # a port in use, an unreadable store: say so and exit non-zero
+        print(f"gateway: cannot start: {exc}", file=sys.stderr)
+        return 1
+    # SIGINT/SIGTERM stop the reactor; this trigger runs first and is waited for.
+    reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
+    reactor.run()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return run(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

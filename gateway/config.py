@@ -1,0 +1,120 @@
+"""One typed configuration object, built from defaults, a TOML file and flags.
+
+The embedded default is a working broker: every listener on loopback, data in
+``./data``.  A TOML file overrides it section by section and command-line
+flags override the file.  Unknown keys and wrong types are errors that name
+the key: a typo must not silently fall back to a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.policy import Policy
+from protocols.stomp.codec import StompLimits
+from protocols.stomp.session import StompSettings
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class ListenerConfig:
+    port: int
+    host: str | None = None  # None: the broker's host
+
+
+@dataclass
+class Config:
+    host: str = "127.0.0.1"
+    data_dir: str = "./data"
+    log_level: str = "info"
+    name: str = "gateway"
+    stomp: ListenerConfig = field(default_factory=lambda: ListenerConfig(61613))
+    stomp_settings: StompSettings = field(default_factory=StompSettings)
+    policy: Policy = field(default_factory=Policy)
+    # Seconds a shutdown waits for clients to be told and their sockets to drain.
+    shutdown_timeout: float = 5.0
+
+
+LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
+
+
+def _apply(target: Any, values: dict[str, Any], section: str) -> None:
+    fields = {f.name: f for f in dataclasses.fields(target)}
+    for key, value in values.items():
+        f = fields.get(key)
+        if f is None:
+            raise ConfigError(f"unknown setting [{section}] {key}")
+        current = getattr(target, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"[{section}] {key} must be a table")
+            _apply(current, value, f"{section}.{key}")
+            continue
+        expected = type(current) if current is not None else str
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise ConfigError(f"[{section}] {key} must be {expected.__name__}, got {value!r}")
+        setattr(target, key, value)
+
+
+def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults, then the TOML file at ``path``, then ``overrides`` (from flags)."""
+    config = Config()
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        _from_toml(config, data)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key == "stomp_port":
+            config.stomp.port = value
+        else:
+            setattr(config, key, value)
+    validate(config)
+    return config
+
+
+def _from_toml(config: Config, data: dict[str, Any]) -> None:
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"top-level key {section!r} must be a [section]")
+        if section == "broker":
+            _apply(config, {k: v for k, v in values.items()}, "broker")
+        elif section == "stomp":
+            listener = {k: values[k] for k in ("port", "host") if k in values}
+            limits = {k: values[k] for k in ("max_frame_size", "max_headers", "max_header_length", "max_command_length") if k in values}
+            rest = {k: v for k, v in values.items() if k not in listener and k not in limits}
+            _apply(config.stomp, listener, "stomp")
+            _apply(config.stomp_settings.limits, limits, "stomp")
+            _apply(config.stomp_settings, rest, "stomp")
+        elif section == "policy":
+            _apply(config.policy, values, "policy")
+        else:
+            raise ConfigError(f"unknown section [{section}]")
+
+
+def validate(config: Config) -> None:
+    if config.log_level not in LOG_LEVELS:
+        raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+    for name in ("stomp",):
+        listener: ListenerConfig = getattr(config, name)
+        if not 0 <= listener.port <= 65535:
+            raise ConfigError(f"{name} port must be 0-65535 (0 disables), got {listener.port}")
+    limits: StompLimits = config.stomp_settings.limits
+    for key in ("max_frame_size", "max_headers", "max_header_length", "max_command_length"):
+        if getattr(limits, key) <= 0:
+            raise ConfigError(f"[stomp] {key} must be positive")
+    if not config.policy.dead_letter_queue.startswith("queue://"):
+        raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")

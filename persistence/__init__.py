@@ -1,0 +1,1 @@
+"""Storage behind the core: the Store interface and its implementations."""

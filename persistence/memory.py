@@ -1,0 +1,84 @@
+"""A store in dictionaries, for tests and ``persistent = false`` runs.
+
+It keeps the full Store contract (ordered ranges, records, durability
+callbacks) so that a broker rebuilt over the same MemoryStore object recovers
+exactly as it would from disk; only the disk is missing.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Callable, Iterator
+
+from persistence.store import Store, StoreError
+
+
+class MemoryStore(Store):
+    def __init__(self) -> None:
+        self._messages: dict[str, dict[int, bytes]] = {}
+        self._records: dict[str, dict[str, bytes]] = {}
+        self._closed = False
+        self.writes = 0  # how many puts and deletes; lets tests see what reached the store
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreError("store is closed")
+
+    def put_message(self, destination: str, seq: int, data: bytes) -> None:
+        self._check()
+        self._messages.setdefault(destination, {})[seq] = data
+        self.writes += 1
+
+    def delete_message(self, destination: str, seq: int) -> None:
+        self._check()
+        messages = self._messages.get(destination)
+        if messages is not None:
+            messages.pop(seq, None)
+            if not messages:
+                del self._messages[destination]
+        self.writes += 1
+
+    def iter_messages(self, destination: str) -> Iterator[tuple[int, bytes]]:
+        self._check()
+        messages = self._messages.get(destination, {})
+        for seq in sorted(messages):
+            yield seq, messages[seq]
+
+    def destinations(self) -> list[str]:
+        self._check()
+        return sorted(self._messages)
+
+    def put_record(self, kind: str, key: str, data: bytes) -> None:
+        self._check()
+        self._records.setdefault(kind, {})[key] = data
+        self.writes += 1
+
+    def delete_record(self, kind: str, key: str) -> None:
+        self._check()
+        self._records.get(kind, {}).pop(key, None)
+        self.writes += 1
+
+    def iter_records(self, kind: str, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        self._check()
+        records = self._records.get(kind, {})
+        keys = sorted(records)
+        for key in keys[bisect.bisect_left(keys, prefix):]:
+            if not key.startswith(prefix):
+                break
+            yield key, records[key]
+
+    def when_durable(self, callback: Callable[[], None]) -> None:
+        # Memory is as durable as it gets here: answer at once.
+        callback()
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._closed = True
+
+    def reopen(self) -> "MemoryStore":
+        """The same contents as a fresh store object, as after a restart."""
+        other = MemoryStore()
+        other._messages = {d: dict(m) for d, m in self._messages.items()}
+        other._records = {k: dict(r) for k, r in self._records.items()}
+        return other

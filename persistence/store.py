@@ -1,0 +1,61 @@
+"""The interface the core stores through.
+
+The store deals in bytes and names only: the core encodes messages itself, so
+this package knows nothing of protocols or of the core's classes.  Two kinds of
+data pass through it:
+
+- messages, keyed by destination and a broker-wide increasing sequence, so a
+  destination is one ordered range (a queue's FIFO order is its key order);
+- records: small keyed values grouped by kind (durable subscriptions, their
+  references to stored topic messages, scheduled messages, sessions).
+
+Writes are not durable when the call returns.  They join the current batch;
+``when_durable(callback)`` runs the callback once every write issued before it
+is on disk.  That is the group-commit contract receipts and PUBACKs rely on:
+answer only from such a callback.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Callable, Iterator
+
+
+class StoreError(Exception):
+    """The store cannot do what was asked (closed, locked, corrupt)."""
+
+
+class Store(abc.ABC):
+    @abc.abstractmethod
+    def put_message(self, destination: str, seq: int, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def delete_message(self, destination: str, seq: int) -> None: ...
+
+    @abc.abstractmethod
+    def iter_messages(self, destination: str) -> Iterator[tuple[int, bytes]]:
+        """The destination's messages in sequence order."""
+
+    @abc.abstractmethod
+    def destinations(self) -> list[str]:
+        """Every destination that has stored messages."""
+
+    @abc.abstractmethod
+    def put_record(self, kind: str, key: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def delete_record(self, kind: str, key: str) -> None: ...
+
+    @abc.abstractmethod
+    def iter_records(self, kind: str, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        """Records of a kind whose key starts with prefix, in key order."""
+
+    @abc.abstractmethod
+    def when_durable(self, callback: Callable[[], None]) -> None:
+        """Run callback once all writes issued so far are on disk."""
+
+    @abc.abstractmethod
+    def flush(self) -> None:
+        """Write the pending batch now (and run the callbacks waiting on it)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,507 @@
+"""The STOMP state machine: frames in, calls on the core; deliveries out, frames.
+
+No sockets here: the session writes bytes through a small transport interface
+and reads time from the broker's clock, so the WebSocket listener can drive
+the same class and tests can drive it with no network at all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from twisted.logger import Logger
+
+from core.broker import Broker
+from core.connection import Connection
+from core.consumer import AckMode, Consumer
+from core.entry import Entry
+from core.errors import BrokerError
+from core.message import Message
+from protocols.stomp import names
+from protocols.stomp.codec import (
+    CLIENT_COMMANDS, Frame, StompDecoder, StompLimits, StompProtocolError, encode_frame, escape_header,
+)
+
+log = Logger(namespace="gateway.stomp")
+
+VERSIONS = ("1.0", "1.1", "1.2")
+SERVER_NAME = "gateway/0.1"
+
+# Headers a SEND carries for the broker, not for consumers.
+_SEND_CONTROL = frozenset({
+    "destination", "content-length", "receipt", "transaction", "message-id", "subscription", "ack",
+    "redelivered", "redelivery-count", "timestamp", "persistent", "priority", "expires", "correlation-id",
+    "reply-to", "content-type", "JMSXGroupID", "JMSXGroupSeq", "AMQ_SCHEDULED_DELAY",
+})
+
+_ACK_MODES = {"auto": AckMode.AUTO, "client": AckMode.CLIENT, "client-individual": AckMode.CLIENT_INDIVIDUAL}
+_TRUE = ("true", "1", "yes")
+
+
+@dataclass
+class StompSettings:
+    limits: StompLimits = field(default_factory=StompLimits)
+    # heart-beat: how often we can send at best, how often we want to hear from clients (ms).
+    heartbeat_send_ms: int = 1000
+    heartbeat_receive_ms: int = 10000
+    # A client silent for this many times its negotiated interval is disconnected.
+    heartbeat_grace: float = 2.0
+    max_subscriptions: int = 1000
+    max_transactions: int = 100
+
+
+class Transport(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None:
+        """Close after the written data is flushed."""
+
+
+class StompError(Exception):
+    """A frame the session refuses; becomes an ERROR frame and a close."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or message
+
+
+class _Sub:
+    """A client subscription: its STOMP id, its core consumer and, for 1.0/1.1 acks, message ids."""
+
+    __slots__ = ("id", "no", "consumer", "header", "ack_mode", "message_tags", "durable_name")
+
+    def __init__(self, sub_id: str, no: int, ack_mode: AckMode, header: bytes, durable_name: str | None) -> None:
+        self.id = sub_id
+        self.no = no
+        self.ack_mode = ack_mode
+        self.header = header  # b"subscription:<escaped id>\n", encoded once
+        self.consumer: Consumer | None = None
+        self.message_tags: dict[str, int] = {}
+        self.durable_name = durable_name
+
+
+class StompSession:
+    def __init__(self, broker: Broker, transport: Transport, settings: StompSettings, remote: str = "") -> None:
+        self.broker = broker
+        self.transport = transport
+        self.settings = settings
+        self.remote = remote
+        self.decoder = StompDecoder(settings.limits)
+        self.version = "1.0"
+        self.conn: Connection | None = None
+        self.closed = False
+        self.subs: dict[str, _Sub] = {}
+        self._subs_by_no: dict[int, _Sub] = {}
+        self._sub_no = 0
+        self._send_interval = 0.0
+        self._receive_interval = 0.0
+        self._last_read = 0.0
+        self._last_write = 0.0
+        self._timer: Any = None
+        self.label = remote
+
+    # -- input ------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._last_read = self.broker.clock.seconds()
+        while True:
+            try:
+                frames = self.decoder.feed(data)
+            except StompProtocolError as exc:
+                # Frames completed before the bad bytes are the client's real work.
+                for frame in exc.frames:
+                    if self.closed:
+                        return
+                    self._handle(frame)
+                self._fail(exc.message, exc.detail)
+                return
+            for frame in frames:
+                if self.closed:
+                    return
+                self._handle(frame)
+            # The decoder pauses after CONNECT so the rest is read with the negotiated version.
+            if self.closed or not frames or frames[-1].command not in ("CONNECT", "STOMP") or not self.decoder.buffered:
+                return
+            data = b""
+
+    def _handle(self, frame: Frame) -> None:
+        receipt = frame.headers.get("receipt")
+        try:
+            command = frame.command
+            if command not in CLIENT_COMMANDS or (command == "NACK" and self.version == "1.0"):
+                raise StompError(f"Unknown command {command[:40]!r}")
+            if self.conn is None:
+                if command not in ("CONNECT", "STOMP"):
+                    raise StompError("Not connected", f"{command} before CONNECT; send CONNECT (or STOMP) first")
+                self._on_connect(frame)
+                return
+            if command in ("CONNECT", "STOMP"):
+                raise StompError("Already connected", "a second CONNECT on one connection")
+            getattr(self, "_on_" + command.lower())(frame)
+        except StompError as exc:
+            self._fail(exc.message, exc.detail, receipt)
+            return
+        except BrokerError as exc:
+            self._fail(str(exc), f"{frame.command} refused: {exc}", receipt)
+            return
+        if receipt is not None and frame.command not in ("DISCONNECT", "CONNECT", "STOMP"):
+            self._receipt(receipt)
+
+    def _receipt(self, receipt: str) -> None:
+        data = encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version)
+        # Only once what the frame stored is on disk (group commit).
+        self.conn.when_durable(lambda: self._write(data))  # type: ignore[union-attr]
+
+    # -- connection ---------------------------------------------------------
+
+    def _on_connect(self, frame: Frame) -> None:
+        headers = frame.headers
+        accepted = headers.get("accept-version")
+        if accepted is None:
+            version = "1.0"
+        else:
+            offered = {v.strip() for v in accepted.split(",")}
+            common = [v for v in VERSIONS if v in offered]
+            if not common:
+                self._write(encode_frame(
+                    "ERROR",
+                    (("version", ",".join(VERSIONS)), ("content-type", "text/plain"),
+                     ("message", "Supported protocol versions are " + " ".join(VERSIONS))),
+                    b"Supported protocol versions are " + " ".join(VERSIONS).encode(),
+                    version="1.2",
+                ))
+                self._close()
+                return
+            version = common[-1]
+        client_id = headers.get("client-id") or None
+        if client_id is not None:
+            for other in self.broker.connections.values():
+                if other.client_id == client_id and not other.closed:
+                    raise StompError("Client id in use", f"client-id {client_id!r} is already connected")
+        self.version = version
+        self.decoder.version = version
+        self.conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote)
+        self.label = f"{self.conn.id} {client_id or '-'}"
+        out = [("version", version), ("server", SERVER_NAME), ("session", self.conn.id)]
+        if version != "1.0":
+            out.append(("heart-beat", self._negotiate_heartbeat(headers.get("heart-beat", "0,0"))))
+        self._write(encode_frame("CONNECTED", out, version=version))
+        log.info("[{label}] connected from {remote} with STOMP {version}", label=self.label, remote=self.remote, version=version)
+
+    def _negotiate_heartbeat(self, value: str) -> str:
+        try:
+            cx_text, cy_text = value.split(",")
+            cx, cy = int(cx_text), int(cy_text)
+            if cx < 0 or cy < 0:
+                raise ValueError
+        except ValueError:
+            raise StompError("Invalid heart-beat header", f"heart-beat must be two non-negative integers, got {value!r}")
+        settings = self.settings
+        send = max(settings.heartbeat_send_ms, cy) if cy and settings.heartbeat_send_ms else 0
+        receive = max(settings.heartbeat_receive_ms, cx) if cx and settings.heartbeat_receive_ms else 0
+        self._send_interval = send / 1000.0
+        self._receive_interval = receive / 1000.0
+        if send or receive:
+            now = self.broker.clock.seconds()
+            self._last_read = self._last_write = now
+            self._arm_heartbeat()
+        return f"{send},{receive}"
+
+    def _arm_heartbeat(self) -> None:
+        intervals = [i for i in (self._send_interval, self._receive_interval) if i]
+        if intervals and not self.closed:
+            self._timer = self.broker.clock.callLater(min(intervals) / 2, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        now = self.broker.clock.seconds()
+        if self._receive_interval and now - self._last_read > self._receive_interval * self.settings.heartbeat_grace:
+            log.info("[{label}] no heart-beat for {s:.1f}s: closing", label=self.label, s=now - self._last_read)
+            self._fail("Heart-beat timeout", f"nothing received for {now - self._last_read:.1f} s")
+            return
+        if self._send_interval and now - self._last_write >= self._send_interval * 0.8:
+            self._write(b"\n")
+        self._arm_heartbeat()
+
+    def _on_disconnect(self, frame: Frame) -> None:
+        receipt = frame.headers.get("receipt")
+        if receipt is not None:
+            data = encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version)
+            self.conn.when_durable(lambda: (self._write(data), self._close()))  # type: ignore[union-attr]
+        else:
+            self._close()
+
+    # -- producing ----------------------------------------------------------
+
+    def _destination(self, frame: Frame) -> str:
+        name = frame.headers.get("destination")
+        if not name:
+            raise StompError("Missing destination header", f"{frame.command} requires a destination header")
+        return names.to_canonical(name, self.conn.temp_queue)  # type: ignore[union-attr]
+
+    def _on_send(self, frame: Frame) -> None:
+        h = frame.headers
+        destination = self._destination(frame)
+        broker = self.broker
+        persistent_text = h.get("persistent")
+        persistent = broker.policy.default_persistent if persistent_text is None else persistent_text.lower() in _TRUE
+        priority = _int_header(h, "priority", 4, 0, 9)
+        expiration = _int_header(h, "expires", 0, 0, None)
+        delay = _int_header(h, "AMQ_SCHEDULED_DELAY", 0, 0, None)
+        group_seq = _int_header(h, "JMSXGroupSeq", 0, -1, None)
+        reply_to = h.get("reply-to")
+        if reply_to is not None and reply_to.startswith("/temp-queue/"):
+            reply_to = names.from_canonical(names.to_canonical(reply_to, self.conn.temp_queue))  # type: ignore[union-attr]
+        custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL}
+        message = Message(
+            broker.new_message_id(), destination, frame.body, custom,
+            persistent=persistent, priority=priority, expiration=expiration, timestamp=broker.now_ms(),
+            group_id=h.get("JMSXGroupID"), group_seq=group_seq, correlation_id=h.get("correlation-id"),
+            reply_to=reply_to, content_type=h.get("content-type"),
+        )
+        self.conn.send(message, h.get("transaction"), delay)  # type: ignore[union-attr]
+
+    # -- consuming ----------------------------------------------------------
+
+    def _on_subscribe(self, frame: Frame) -> None:
+        h = frame.headers
+        destination = self._destination(frame)
+        sub_id = h.get("id")
+        if sub_id is None:
+            if self.version != "1.0":
+                raise StompError("Missing id header", "SUBSCRIBE requires an id header in STOMP 1.1 and 1.2")
+            sub_id = h["destination"]
+        if sub_id in self.subs:
+            raise StompError("Duplicate subscription id", f"subscription id {sub_id!r} is already in use on this connection")
+        if len(self.subs) >= self.settings.max_subscriptions:
+            raise StompError("Too many subscriptions", f"at most {self.settings.max_subscriptions} per connection")
+        ack_text = h.get("ack", "auto")
+        ack_mode = _ACK_MODES.get(ack_text)
+        if ack_mode is None:
+            raise StompError("Invalid ack mode", f"ack must be auto, client or client-individual, got {ack_text!r}")
+        prefetch = h.get("activemq.prefetchSize")
+        prefetch_n = None if prefetch is None else _int_header(h, "activemq.prefetchSize", 0, 1, None)
+        durable = h.get("activemq.subscriptionName") or h.get("durable-subscription-name") or None
+        self._sub_no += 1
+        header = b"subscription:" + escape_header(sub_id, self.version).encode() + b"\n"
+        sub = _Sub(sub_id, self._sub_no, ack_mode, header, durable)
+        sub.consumer = self.conn.subscribe(  # type: ignore[union-attr]
+            destination, self._deliver,
+            ack_mode=ack_mode, prefetch=prefetch_n, selector=h.get("selector"),
+            exclusive=h.get("activemq.exclusive", "").lower() in _TRUE,
+            durable_name=durable, retroactive=h.get("activemq.retroactive", "").lower() in _TRUE,
+            handle=sub,
+        )
+        self.subs[sub_id] = sub
+        self._subs_by_no[sub.no] = sub
+
+    def _on_unsubscribe(self, frame: Frame) -> None:
+        h = frame.headers
+        sub_id = h.get("id")
+        if sub_id is None and self.version == "1.0":
+            sub_id = h.get("destination")
+        durable = h.get("activemq.subscriptionName") or h.get("durable-subscription-name") or None
+        if sub_id is None:
+            if durable:
+                self.conn.remove_durable(durable)  # type: ignore[union-attr]
+                return
+            raise StompError("Missing id header", "UNSUBSCRIBE requires an id header")
+        sub = self.subs.pop(sub_id, None)
+        if sub is None:
+            if durable:
+                self.conn.remove_durable(durable)  # type: ignore[union-attr]
+                return
+            raise StompError("Unknown subscription", f"no subscription with id {sub_id!r}")
+        del self._subs_by_no[sub.no]
+        self.conn.unsubscribe(sub.consumer, remove_durable=bool(durable))  # type: ignore[union-attr, arg-type]
+
+    def _deliver(self, consumer: Consumer, entry: Entry, tag: int) -> None:
+        sub: _Sub = consumer.handle  # type: ignore[assignment]
+        message = entry.message
+        parts = [b"MESSAGE\n", sub.header]
+        if sub.ack_mode is not AckMode.AUTO:
+            if self.version == "1.2":
+                parts.append(b"ack:%d:%d\n" % (sub.no, tag))
+            else:
+                sub.message_tags[message.id] = tag
+        if entry.redeliveries:
+            parts.append(b"redelivered:true\nredelivery-count:%d\n" % entry.redeliveries)
+        parts.append(self._message_tail(message))
+        self._write(b"".join(parts))
+
+    def _message_tail(self, message: Message) -> bytes:
+        """Everything after the per-subscriber headers: built once per message and escaping."""
+        cache = message.cache
+        if cache is None:
+            cache = message.cache = {}
+        key = ("stomp", self.version == "1.0", self.version == "1.2")
+        tail = cache.get(key)
+        if tail is None:
+            headers = [
+                ("message-id", message.id),
+                ("destination", names.from_canonical(message.destination)),
+                ("timestamp", str(message.timestamp)),
+                ("priority", str(message.priority)),
+            ]
+            if message.persistent:
+                headers.append(("persistent", "true"))
+            if message.expiration:
+                headers.append(("expires", str(message.expiration)))
+            if message.content_type is not None:
+                headers.append(("content-type", message.content_type))
+            if message.correlation_id is not None:
+                headers.append(("correlation-id", message.correlation_id))
+            if message.reply_to is not None:
+                headers.append(("reply-to", message.reply_to))
+            if message.group_id is not None:
+                headers.append(("JMSXGroupID", message.group_id))
+                headers.append(("JMSXGroupSeq", str(message.group_seq)))
+            reserved = {name for name, _ in headers}
+            headers.extend((k, v) for k, v in message.headers.items() if k not in reserved)
+            if self.version == "1.0":
+                # 1.0 has no escaping: a header another client sent with a newline
+                # (or a colon in its name) cannot be written, so it is left out.
+                headers = [(k, v) for k, v in headers if "\n" not in k and "\n" not in v and ":" not in k]
+            headers.append(("content-length", str(len(message.body))))
+            # encode_frame gives COMMAND\n...; drop the command line to get the tail.
+            encoded = encode_frame("X", headers, message.body, version=self.version)
+            tail = cache[key] = encoded[2:]
+        return tail
+
+    def _find(self, frame: Frame) -> tuple[_Sub, int]:
+        """The subscription and delivery tag an ACK or NACK names, by version."""
+        h = frame.headers
+        if self.version == "1.2":
+            ack_id = h.get("id")
+            if ack_id is None:
+                raise StompError("Missing id header", f"{frame.command} requires an id header in STOMP 1.2")
+            try:
+                no_text, tag_text = ack_id.split(":")
+                sub = self._subs_by_no[int(no_text)]
+                return sub, int(tag_text)
+            except (ValueError, KeyError):
+                raise StompError("Unknown ack id", f"{frame.command} for {ack_id!r}, which is not an outstanding message")
+        message_id = h.get("message-id")
+        if message_id is None:
+            raise StompError("Missing message-id header", f"{frame.command} requires a message-id header")
+        sub_id = h.get("subscription")
+        if sub_id is None and self.version == "1.1":
+            raise StompError("Missing subscription header", f"{frame.command} requires a subscription header in STOMP 1.1")
+        candidates = [self.subs[sub_id]] if sub_id in self.subs else ([] if sub_id else list(self.subs.values()))
+        for sub in candidates:
+            tag = sub.message_tags.get(message_id)
+            if tag is not None:
+                return sub, tag
+        raise StompError("Unknown message-id", f"{frame.command} for message {message_id!r}, which is not outstanding")
+
+    def _settle_tags(self, sub: _Sub, tag: int) -> None:
+        """Forget 1.0/1.1 message ids the core just settled (cumulative in client mode)."""
+        tags = sub.message_tags
+        if not tags:
+            return
+        for message_id, t in list(tags.items()):
+            if t == tag or (sub.ack_mode is AckMode.CLIENT and t < tag):
+                del tags[message_id]
+
+    def _on_ack(self, frame: Frame) -> None:
+        sub, tag = self._find(frame)
+        if sub.consumer is None or sub.ack_mode is AckMode.AUTO:
+            raise StompError("Unknown ack id", "this subscription acknowledges automatically")
+        self.conn.ack(sub.consumer, tag, frame.headers.get("transaction"))  # type: ignore[union-attr]
+        self._settle_tags(sub, tag)
+
+    def _on_nack(self, frame: Frame) -> None:
+        sub, tag = self._find(frame)
+        if sub.consumer is None or sub.ack_mode is AckMode.AUTO:
+            raise StompError("Unknown ack id", "this subscription acknowledges automatically")
+        self._settle_tags(sub, tag)
+        self.conn.nack(sub.consumer, tag, frame.headers.get("transaction"))  # type: ignore[union-attr]
+
+    # -- transactions -------------------------------------------------------
+
+    def _tx(self, frame: Frame) -> str:
+        tx = frame.headers.get("transaction")
+        if not tx:
+            raise StompError("Missing transaction header", f"{frame.command} requires a transaction header")
+        return tx
+
+    def _on_begin(self, frame: Frame) -> None:
+        if len(self.conn.transactions) >= self.settings.max_transactions:  # type: ignore[union-attr]
+            raise StompError("Too many transactions", f"at most {self.settings.max_transactions} open per connection")
+        self.conn.begin(self._tx(frame))  # type: ignore[union-attr]
+
+    def _on_commit(self, frame: Frame) -> None:
+        self.conn.commit(self._tx(frame))  # type: ignore[union-attr]
+
+    def _on_abort(self, frame: Frame) -> None:
+        self.conn.abort(self._tx(frame))  # type: ignore[union-attr]
+
+    # -- output and teardown -----------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if not self.closed:
+            self._last_write = self.broker.clock.seconds()
+            self.transport.write(data)
+
+    def _fail(self, message: str, detail: str = "", receipt: str | None = None) -> None:
+        log.info("[{label}] protocol error: {message}", label=self.label, message=message)
+        message = message.replace("\r", " ").replace("\n", " ")
+        headers = [("message", message), ("content-type", "text/plain")]
+        if receipt is not None:
+            headers.append(("receipt-id", receipt))
+        body = (detail or message).encode("utf-8")
+        headers.append(("content-length", str(len(body))))
+        self._write(encode_frame("ERROR", headers, body, version=self.version))
+        self._close()
+
+    def shutdown(self, reason: str = "Broker shutting down") -> None:
+        """The broker is stopping: tell the client why, then close."""
+        if not self.closed:
+            self._fail(reason, "the broker is shutting down; reconnect later")
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self._release()
+        self.transport.close()
+
+    def _release(self) -> None:
+        self.closed = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self.conn is not None:
+            self.conn.close()
+
+    def connection_lost(self) -> None:
+        """The socket is gone: what this client held goes back to its queues."""
+        if not self.closed:
+            log.info("[{label}] connection lost", label=self.label)
+        self._release()
+
+    def pause_producing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause()
+
+    def resume_producing(self) -> None:
+        if self.conn is not None and not self.closed:
+            self.conn.resume()
+
+
+def _int_header(headers: dict[str, str], name: str, default: int, low: int, high: int | None) -> int:
+    text = headers.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise StompError(f"Invalid {name} header", f"{name} must be an integer, got {text[:40]!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise StompError(f"Invalid {name} header", f"{name} must be {bound}, got {value}")
+    return value

@@ -1,0 +1,68 @@
+"""Queues over STOMP with stomp.py: delivery, acks, prefetch, redelivery, DLQ, priority, expiry."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from tests.support import connect, disconnect
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
+def test_send_and_receive_every_version(broker, version):
+    conn, got = connect(broker, version)
+    conn.subscribe("/queue/greet", id="s1", ack="auto")
+    conn.send("/queue/greet", "hello", headers={"x-trace": "abc", "reply-to": "/queue/back", "correlation-id": "c-1"})
+    (message,) = got.wait_for(1)
+    assert message.body == "hello"
+    assert message.headers["destination"] == "/queue/greet"
+    assert message.headers["x-trace"] == "abc"
+    assert message.headers["reply-to"] == "/queue/back"
+    assert message.headers["correlation-id"] == "c-1"
+    assert message.headers["subscription"] == "s1"
+    assert message.headers["message-id"].startswith("ID:")
+    disconnect(conn)
+
+
+def test_ten_thousand_messages_three_consumers_each_exactly_once(broker):
+    consumers = []
+    for i in range(3):
+        conn, got = connect(broker, "1.2")
+        conn.subscribe("/queue/work", id=f"c{i}", ack="client-individual", headers={"activemq.prefetchSize": "100"})
+        consumers.append((conn, got))
+    producer, _ = connect(broker, "1.2")
+    total = 10_000
+    for i in range(total):
+        producer.send("/queue/work", str(i))
+
+    # Each consumer acks what it receives, from its own thread, as a real worker would.
+    def drain(conn, got, stop):
+        acked = 0
+        while not stop.is_set():
+            batch = got.messages[acked:]
+            for message in batch:
+                conn.ack(message.headers["ack"])
+            acked += len(batch)
+            time.sleep(0.01)
+
+    stop = threading.Event()
+    workers = [threading.Thread(target=drain, args=(c, g, stop)) for c, g in consumers]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 60
+    while sum(len(g.messages) for _, g in consumers) < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # anything extra (a duplicate) would arrive now
+    stop.set()
+    for w in workers:
+        w.join()
+    counts = Counter(m.body for _, g in consumers for m in g.messages)
+    assert len(counts) == total
+    assert set(counts.values()) == {1}, "some message was delivered twice"
+    assert all(len(g.messages) > 1000 for _, g in consumers), [len(g.messages) for _, g in consumers]
+    assert broker.queue_depth("queue://work") == 0
+    for c, _ in consumers:
+        disconnect(c)
+    disconnect(producer)

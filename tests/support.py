@@ -1,0 +1,213 @@
+"""Test support: a reactor thread, brokers on ephemeral ports, real clients.
+
+One Twisted reactor runs in a daemon thread for the whole test session; each
+test gets its own broker (milliseconds to start) on kernel-chosen ports, so
+tests are isolated and never collide on ports.  Clients are the real ones
+(stomp.py) or raw sockets for what no client library will send.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+import stomp
+from twisted.internet import threads
+
+from gateway.config import Config
+from gateway.server import Gateway
+from protocols.stomp.codec import Frame, StompDecoder, StompLimits, encode_frame
+
+_reactor_started = threading.Lock()
+_reactor: Any = None
+
+
+def reactor() -> Any:
+    global _reactor
+    with _reactor_started:
+        if _reactor is None:
+            from twisted.internet import reactor as r
+
+            threading.Thread(target=r.run, kwargs={"installSignalHandlers": False}, daemon=True, name="reactor").start()
+            _reactor = r
+    return _reactor
+
+
+def call(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run f in the reactor thread and wait for its result (Deferreds are waited on)."""
+    return threads.blockingCallFromThread(reactor(), f, *args, **kwargs)
+
+
+class BrokerHandle:
+    """A running in-process broker; ``inspect`` reads core state safely from the reactor thread."""
+
+    def __init__(self, config: Config, store: Any = None) -> None:
+        self.config = config
+        self.gateway = call(self._start, config, store)
+        self.host = "127.0.0.1"
+        self.port = self.gateway.stomp_port
+        self.broker = self.gateway.broker
+
+    @staticmethod
+    def _start(config: Config, store: Any) -> Gateway:
+        gateway = Gateway(config, reactor(), store)
+        gateway.start(ephemeral=True)
+        return gateway
+
+    def inspect(self, f: Callable[..., Any], *args: Any) -> Any:
+        return call(f, *args)
+
+    def queue_depth(self, name: str) -> int:
+        def depth() -> int:
+            q = self.broker.queues.get(name)
+            return 0 if q is None else len(q)
+        return call(depth)
+
+    def queue_bodies(self, name: str) -> list[bytes]:
+        def bodies() -> list[bytes]:
+            q = self.broker.queues.get(name)
+            return [] if q is None else [e.message.body for e in q.messages()]
+        return call(bodies)
+
+    def stop(self) -> None:
+        call(self.gateway.stop)
+
+
+def make_config(tmp_path: Any, **policy: Any) -> Config:
+    config = Config(data_dir=str(tmp_path / "data"), shutdown_timeout=1.0)
+    for key, value in policy.items():
+        setattr(config.policy, key, value)
+    return config
+
+
+class Collector(stomp.ConnectionListener):
+    """Gathers what a stomp.py connection receives, with waits that fail loudly."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.errors: list[Any] = []
+        self.receipts: list[str] = []
+        self.disconnected = threading.Event()
+        self._cond = threading.Condition()
+
+    def on_message(self, frame: Any) -> None:
+        with self._cond:
+            self.messages.append(frame)
+            self._cond.notify_all()
+
+    def on_error(self, frame: Any) -> None:
+        with self._cond:
+            self.errors.append(frame)
+            self._cond.notify_all()
+
+    def on_receipt(self, frame: Any) -> None:
+        with self._cond:
+            self.receipts.append(frame.headers["receipt-id"])
+            self._cond.notify_all()
+
+    def on_disconnected(self) -> None:
+        self.disconnected.set()
+
+    def wait_for(self, count: int, timeout: float = 5.0, what: str = "messages") -> list[Any]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(getattr(self, what)) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"expected {count} {what}, got {len(getattr(self, what))}")
+                self._cond.wait(left)
+            return list(getattr(self, what))
+
+    def settle(self, quiet: float = 0.3) -> list[Any]:
+        """Wait until nothing more arrives for ``quiet`` seconds; for asserting that something did NOT arrive."""
+        last = -1
+        while True:
+            with self._cond:
+                n = len(self.messages)
+            if n == last:
+                return list(self.messages)
+            last = n
+            time.sleep(quiet)
+
+    def bodies(self) -> list[str]:
+        with self._cond:
+            return [m.body for m in self.messages]
+
+
+def connect(handle: BrokerHandle, version: str = "1.2", client_id: str | None = None, **kwargs: Any) -> tuple[Any, Collector]:
+    cls = {"1.0": stomp.Connection10, "1.1": stomp.Connection11, "1.2": stomp.Connection12}[version]
+    conn = cls([(handle.host, handle.port)], **kwargs)
+    collector = Collector()
+    conn.set_listener("collector", collector)
+    headers = {"client-id": client_id} if client_id else {}
+    conn.connect(wait=True, headers=headers)
+    return conn, collector
+
+
+def disconnect(conn: Any) -> None:
+    try:
+        conn.disconnect()
+    except Exception:
+        pass
+
+
+class RawStomp:
+    """A plain socket speaking STOMP bytes, for framing and bad-input tests."""
+
+    def __init__(self, handle: BrokerHandle, version: str = "1.2") -> None:
+        self.sock = socket.create_connection((handle.host, handle.port), timeout=5)
+        self.decoder = StompDecoder(StompLimits(max_frame_size=64 * 1024 * 1024), version=version)
+        self.frames: list[Frame] = []
+        self.version = version
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def frame(self, command: str, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
+        self.send(encode_frame(command, (headers or {}).items(), body, version=self.version))
+
+    def connect(self, version: str = "1.2", **headers: str) -> Frame:
+        self.frame("CONNECT", {"accept-version": version, "host": "localhost", **headers})
+        frame = self.read()
+        assert frame.command == "CONNECTED", frame
+        return frame
+
+    def read(self, timeout: float = 5.0) -> Frame:
+        deadline = time.monotonic() + timeout
+        while not self.frames:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("no frame from the broker in time")
+            self.sock.settimeout(left)
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            self.frames.extend(self.decoder.feed(data))
+        return self.frames.pop(0)
+
+    def expect_error_and_close(self, timeout: float = 5.0) -> Frame:
+        """The broker's answer to bad input: an ERROR frame, then a closed socket."""
+        frame = self.read(timeout)
+        assert frame.command == "ERROR", frame
+        assert frame.headers.get("message"), frame
+        assert self.closed_by_peer(timeout), "the broker kept the connection open after ERROR"
+        return frame
+
+    def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                return False
+            except ConnectionResetError:
+                return True
+            if not data:
+                return True
+            self.frames.extend(self.decoder.feed(data))
+        return False
+
+    def close(self) -> None:
+        self.sock.close()

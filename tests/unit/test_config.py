@@ -1,0 +1,46 @@
+import pytest
+
+from gateway.config import ConfigError, load
+
+
+def test_embedded_default():
+    config = load()
+    assert config.host == "127.0.0.1" and config.stomp.port == 61613
+    assert config.data_dir == "./data" and config.policy.max_redeliveries == 6
+
+
+def test_toml_then_flags_override(tmp_path):
+    path = tmp_path / "gw.toml"
+    path.write_text(
+        '[broker]\nhost = "0.0.0.0"\nlog_level = "debug"\n'
+        '[stomp]\nport = 1234\nmax_frame_size = 2048\nheartbeat_grace = 3\n'
+        '[policy]\nmax_redeliveries = 2\nindividual_dlq = true\n'
+    )
+    config = load(str(path), {"stomp_port": 4321, "data_dir": "/tmp/x", "host": None})
+    assert config.host == "0.0.0.0" and config.log_level == "debug"
+    assert config.stomp.port == 4321 and config.data_dir == "/tmp/x"
+    assert config.stomp_settings.limits.max_frame_size == 2048
+    assert config.stomp_settings.heartbeat_grace == 3.0
+    assert config.policy.max_redeliveries == 2 and config.policy.individual_dlq is True
+
+
+@pytest.mark.parametrize("text, error", [
+    ("[broker]\nhots = 'x'\n", "unknown setting \\[broker\\] hots"),
+    ("[stomp]\nport = 'x'\n", "port must be int"),
+    ("[stomp]\nport = 70000\n", "0-65535"),
+    ("[nope]\na = 1\n", "unknown section"),
+    ("[policy]\nmax_redeliveries = true\n", "must be int"),
+    ("[broker]\nlog_level = 'loud'\n", "log level"),
+    ("[policy]\ndead_letter_queue = '/queue/DLQ'\n", "queue://"),
+    ("not toml [", "gw.toml"),
+])
+def test_bad_files_name_the_problem(tmp_path, text, error):
+    path = tmp_path / "gw.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=error):
+        load(str(path))
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="cannot read"):
+        load("/nonexistent/gw.toml")

@@ -1,0 +1,120 @@
+"""The STOMP state machine without sockets: a list as transport, a virtual clock."""
+from twisted.internet.task import Clock
+
+from core.broker import Broker
+from persistence.memory import MemoryStore
+from protocols.stomp.codec import StompDecoder, encode_frame
+from protocols.stomp.session import StompSession, StompSettings
+
+
+class FakeTransport:
+    def __init__(self):
+        self.data = b""
+        self.closed = False
+
+    def write(self, data):
+        self.data += data
+
+    def close(self):
+        self.closed = True
+
+
+def session(**settings):
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock)
+    broker.start()
+    transport = FakeTransport()
+    return StompSession(broker, transport, StompSettings(**settings), "test"), transport, clock
+
+
+def frames(transport, version="1.2"):
+    return StompDecoder(version=version).feed(transport.data)
+
+
+def test_connect_negotiates_highest_common_version_and_heartbeat():
+    s, t, _ = session(heartbeat_send_ms=500, heartbeat_receive_ms=2000)
+    s.data_received(encode_frame("STOMP", {"accept-version": "1.0,1.1,1.2", "heart-beat": "1000,100"}.items()))
+    (connected,) = frames(t)
+    assert connected.command == "CONNECTED"
+    assert connected.headers["version"] == "1.2"
+    # We send every max(our 500, their wish 100) ms and expect them every max(2000, their 1000).
+    assert connected.headers["heart-beat"] == "500,2000"
+
+
+def test_heartbeats_sent_when_idle_and_silent_client_dropped():
+    s, t, clock = session(heartbeat_send_ms=1000, heartbeat_receive_ms=1000, heartbeat_grace=2.0)
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2", "heart-beat": "1000,1000"}.items()))
+    t.data = b""
+    for _ in range(4):
+        clock.advance(0.5)
+    assert t.data.count(b"\n") >= 1 and not t.closed
+    s.data_received(b"\n")  # the client's heart-beat keeps it alive
+    clock.advance(1.5)
+    assert not t.closed
+    clock.advance(1.0)
+    assert t.closed
+    assert b"ERROR" in t.data and b"Heart-beat timeout" in t.data
+
+
+def test_no_heartbeats_when_client_asks_none():
+    s, t, clock = session()
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2"}.items()))
+    t.data = b""
+    clock.advance(60)
+    assert t.data == b"" and not t.closed
+
+
+def test_error_then_close_and_nothing_after():
+    s, t, _ = session()
+    s.data_received(encode_frame("SEND", {"destination": "/queue/a"}.items(), b"x"))
+    (error,) = frames(t)
+    assert error.command == "ERROR" and error.headers["message"] == "Not connected"
+    assert t.closed
+    before = t.data
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2"}.items()))
+    assert t.data == before
+
+
+def test_message_tail_encoded_once_per_escaping_and_shared():
+    s, t, _ = session()
+    s.data_received(
+        encode_frame("CONNECT", {"accept-version": "1.2"}.items())
+        + encode_frame("SUBSCRIBE", {"destination": "/topic/t", "id": "a"}.items())
+        + encode_frame("SUBSCRIBE", {"destination": "/topic/t", "id": "b"}.items())
+        + encode_frame("SEND", {"destination": "/topic/t", "k": "v"}.items(), b"body")
+    )
+    msgs = [f for f in frames(t) if f.command == "MESSAGE"]
+    assert [m.headers["subscription"] for m in msgs] == ["a", "b"]
+    assert all(m.body == b"body" and m.headers["k"] == "v" for m in msgs)
+    ((_, message),) = s.broker.topics.replay(("t",))
+    assert len(message.cache) == 1  # one encoding served both subscribers
+
+
+def test_frames_after_connect_in_one_read_use_the_negotiated_escaping():
+    s, t, _ = session()
+    s.data_received(
+        encode_frame("CONNECT", {"accept-version": "1.2"}.items())
+        + encode_frame("SUBSCRIBE", {"destination": "/queue/q", "id": "s"}.items(), version="1.2")
+        + encode_frame("SEND", {"destination": "/queue/q", "k": "a:b\nc"}.items(), b"x", version="1.2")
+    )
+    (message,) = [f for f in frames(t) if f.command == "MESSAGE"]
+    assert message.headers["k"] == "a:b\nc"
+
+
+def test_frames_before_bad_bytes_are_still_handled():
+    s, t, _ = session()
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2"}.items()))
+    s.data_received(encode_frame("SEND", {"destination": "/queue/q"}.items(), b"kept") + b"BAD FRAME\nno colon\n\n\0")
+    assert t.closed
+    assert [e.message.body for e in s.broker.queues["queue://q"].messages()] == [b"kept"]
+
+
+def test_unrepresentable_headers_left_out_for_stomp_10():
+    s, t, _ = session()
+    s.data_received(encode_frame("CONNECT", {}.items()))  # no accept-version: 1.0
+    s.data_received(encode_frame("SUBSCRIBE", {"destination": "/queue/q"}.items(), version="1.0"))
+    producer = s.broker.connect()
+    from core.message import Message
+    producer.send(Message("ID:1", "queue://q", b"x", {"multi": "a\nb", "ok": "a:b"}))
+    (message,) = [f for f in frames(t, "1.0") if f.command == "MESSAGE"]
+    assert "multi" not in message.headers and message.headers["ok"] == "a:b"
