@@ -162,12 +162,13 @@ class Connection:
     # -- acknowledging --------------------------------------------------
 
     def ack(self, consumer: Consumer, tag: int, transaction: str | None = None) -> None:
+        # Look the transaction up before taking anything: a refused ack must leave the delivery held.
+        tx = self._transaction(transaction) if transaction is not None else None
         entries = consumer.take(tag)
         if not entries:
             raise UnknownDelivery("no unacknowledged message with that id on this subscription")
         queue = consumer.queue
-        if transaction is not None:
-            tx = self._transaction(transaction)
+        if tx is not None:
             tx.settles.extend((queue, e) for e in entries)
         else:
             for entry in entries:
@@ -175,12 +176,13 @@ class Connection:
         queue.dispatch()
 
     def nack(self, consumer: Consumer, tag: int, transaction: str | None = None) -> None:
+        tx = self._transaction(transaction) if transaction is not None else None
         entries = consumer.take(tag)
         if not entries:
             raise UnknownDelivery("no unacknowledged message with that id on this subscription")
         queue = consumer.queue
-        if transaction is not None:
-            self._transaction(transaction).failures.extend((queue, e) for e in entries)
+        if tx is not None:
+            tx.failures.extend((queue, e) for e in entries)
             queue.dispatch()
         else:
             self.broker.redeliver(queue, entries, "rejected by the consumer (NACK)")

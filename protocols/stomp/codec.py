@@ -82,6 +82,7 @@ class StompProtocolError(Exception):
         self.message = message
         self.detail = detail
         self.frames: list[Frame] = []
+        self.headers: dict[str, str] = {}
 
 
 @dataclass(slots=True)
@@ -349,9 +350,11 @@ class StompDecoder:
         max_block = _max_header_block(limits)
         table = self._table
 
+        headers: dict[str, str] | None = None
         try:
             while pos < n:
                 cmd = self._cmd
+                headers = None
                 if cmd is None:
                     # header phase
                     c = buf[pos]
@@ -411,6 +414,9 @@ class StompDecoder:
                         text = buf[pos : hend + 1].decode("utf-8")
                     except UnicodeDecodeError as exc:
                         raise StompProtocolError("Invalid UTF-8 in headers", str(exc)) from None
+                    if "\0" in text:
+                        # Legal UTF-8, but a peer that splits frames at NUL would misread it.
+                        raise StompProtocolError("NUL in headers", "a header contains a NUL byte")
                     if "\r" in text:
                         text = text.replace("\r\n", "\n")
                     lines = text.split("\n")
@@ -426,7 +432,7 @@ class StompDecoder:
                     if hend - nl > max_line:  # only then can a line be too long
                         _check_line_lengths(lines, text.isascii(), max_line)
 
-                    headers: dict[str, str] = {}
+                    headers = {}
                     it = iter(lines)
                     next(it)
                     if table is None or "\\" not in text or cmd in _UNESCAPED_COMMANDS:
@@ -509,6 +515,9 @@ class StompDecoder:
                     break
         except StompProtocolError as exc:
             exc.frames = frames
+            # The refused frame's headers, when they were read: its receipt
+            # header still deserves a receipt-id on the ERROR.
+            exc.headers = headers or {}
             raise
 
         if buf is own:

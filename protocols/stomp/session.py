@@ -34,6 +34,11 @@ _SEND_CONTROL = frozenset({
     "reply-to", "content-type", "JMSXGroupID", "JMSXGroupSeq", "AMQ_SCHEDULED_DELAY",
 })
 
+# Stored messages keep these as signed 64-bit integers.
+_INT64_MAX = 2**63 - 1
+# Ten years: a longer delay is a mistake, and due times must fit their record keys.
+_MAX_DELAY_MS = 10 * 365 * 24 * 3600 * 1000
+
 _ACK_MODES = {"auto": AckMode.AUTO, "client": AckMode.CLIENT, "client-individual": AckMode.CLIENT_INDIVIDUAL}
 _TRUE = ("true", "1", "yes")
 
@@ -48,6 +53,8 @@ class StompSettings:
     heartbeat_grace: float = 2.0
     max_subscriptions: int = 1000
     max_transactions: int = 100
+    # Seconds a new connection may take to send CONNECT (0: no limit).
+    connect_timeout: float = 30.0
 
 
 class Transport(Protocol):
@@ -100,6 +107,14 @@ class StompSession:
         self._last_write = 0.0
         self._timer: Any = None
         self.label = remote
+        self._connect_timer: Any = None
+        if settings.connect_timeout > 0:
+            self._connect_timer = broker.clock.callLater(settings.connect_timeout, self._connect_timed_out)
+
+    def _connect_timed_out(self) -> None:
+        self._connect_timer = None
+        if self.conn is None and not self.closed:
+            self._fail("Connect timeout", f"no CONNECT within {self.settings.connect_timeout:g} s")
 
     # -- input ------------------------------------------------------------
 
@@ -116,7 +131,7 @@ class StompSession:
                     if self.closed:
                         return
                     self._handle(frame)
-                self._fail(exc.message, exc.detail)
+                self._fail(exc.message, exc.detail, exc.headers.get("receipt"))
                 return
             for frame in frames:
                 if self.closed:
@@ -146,6 +161,11 @@ class StompSession:
             return
         except BrokerError as exc:
             self._fail(str(exc), f"{frame.command} refused: {exc}", receipt)
+            return
+        except Exception:
+            # A bug must cost one client its connection, never the reactor its loop.
+            log.failure("[{label}] internal error handling {command}", label=self.label, command=frame.command)
+            self._fail("Internal error", f"the broker failed to handle {frame.command}; see its log", receipt)
             return
         if receipt is not None and frame.command not in ("DISCONNECT", "CONNECT", "STOMP"):
             self._receipt(receipt)
@@ -183,6 +203,9 @@ class StompSession:
                     raise StompError("Client id in use", f"client-id {client_id!r} is already connected")
         self.version = version
         self.decoder.version = version
+        if self._connect_timer is not None and self._connect_timer.active():
+            self._connect_timer.cancel()
+        self._connect_timer = None
         self.conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote)
         self.label = f"{self.conn.id} {client_id or '-'}"
         out = [("version", version), ("server", SERVER_NAME), ("session", self.conn.id)]
@@ -251,9 +274,9 @@ class StompSession:
         persistent_text = h.get("persistent")
         persistent = broker.policy.default_persistent if persistent_text is None else persistent_text.lower() in _TRUE
         priority = _int_header(h, "priority", 4, 0, 9)
-        expiration = _int_header(h, "expires", 0, 0, None)
-        delay = _int_header(h, "AMQ_SCHEDULED_DELAY", 0, 0, None)
-        group_seq = _int_header(h, "JMSXGroupSeq", 0, -1, None)
+        expiration = _int_header(h, "expires", 0, 0, _INT64_MAX)
+        delay = _int_header(h, "AMQ_SCHEDULED_DELAY", 0, 0, _MAX_DELAY_MS)
+        group_seq = _int_header(h, "JMSXGroupSeq", 0, -1, _INT64_MAX)
         reply_to = h.get("reply-to")
         if reply_to is not None and reply_to.startswith("/temp-queue/"):
             reply_to = names.from_canonical(names.to_canonical(reply_to, self.conn.temp_queue))  # type: ignore[union-attr]
@@ -472,9 +495,10 @@ class StompSession:
 
     def _release(self) -> None:
         self.closed = True
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        for timer in (self._timer, self._connect_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timer = self._connect_timer = None
         if self.conn is not None:
             self.conn.close()
 

@@ -451,7 +451,7 @@ def test_error_has_message_and_detail() -> None:
 # --------------------------------------------------------------------------- properties
 
 header_text = st.text(
-    alphabet=st.characters(codec="utf-8") | st.sampled_from(":\\\n\r"), max_size=12
+    alphabet=st.characters(codec="utf-8", exclude_characters="\x00") | st.sampled_from(":\\\n\r"), max_size=12
 )
 frames_strategy = st.lists(
     st.tuples(
@@ -553,3 +553,10 @@ def test_random_bytes_give_frames_or_protocol_errors(chunks, version) -> None:
             assert dec.buffered >= 0
     except StompProtocolError as exc:
         assert exc.message
+
+
+def test_nul_in_a_header_is_refused() -> None:
+    with pytest.raises(StompProtocolError) as info:
+        StompDecoder(version="1.2").feed(b"SEND\nk:a\x00b\n\nbody\x00")
+    assert info.value.message == "NUL in headers"
+    assert info.value.headers == {}
