@@ -16,14 +16,22 @@ from twisted.logger import Logger
 
 from core import destination as dest
 from core.entry import Entry
-from core.errors import UnknownDestination
+from core.errors import SubscriptionError, UnknownDestination
 from core.message import Message, decode_message, encode_message
 from core.policy import Policy
 from core.queue import MessageQueue
 from core.storage import (
-    DURABLE_KIND, DURABLE_REF_KIND, SCHEDULED_KIND, DurableStorage, QueueStorage, TopicMessages, seq_key,
+    DURABLE_KIND,
+    DURABLE_REF_KIND,
+    RETAINED_KIND,
+    SCHEDULED_KIND,
+    DurableStorage,
+    QueueStorage,
+    TopicMessages,
+    seq_key,
 )
 from core.topic import Subscription, TopicSpace
+from core.trie import filter_matches
 from persistence.store import Store
 
 if TYPE_CHECKING:
@@ -46,7 +54,10 @@ class Broker:
         self.name = name
         self.queues: dict[str, MessageQueue] = {}
         self.topics = TopicSpace(self.policy.retroactive_count)
-        self.durables: dict[str, Subscription] = {}
+        self.durables: dict[str, Subscription] = {}         # subscription key -> subscription
+        self.durable_queues: dict[str, MessageQueue] = {}    # queue key -> queue fed by durables
+        self.shared: dict[str, tuple[Subscription, int]] = {}  # shared subscription -> (sub, members)
+        self.retained: dict[tuple[str, ...], Message] = {}
         self.topic_messages = TopicMessages(store)
         self.connections: dict[str, "Connection"] = {}
         self.temp_owners: dict[str, str] = {}  # temp queue -> owning connection id
@@ -85,8 +96,8 @@ class Broker:
         now = self.now_ms()
         for queue in list(self.queues.values()):
             queue.sweep_expired(now)
-        for sub in list(self.durables.values()):
-            sub.queue.sweep_expired(now)
+        for queue in list(self.durable_queues.values()):
+            queue.sweep_expired(now)
         self._schedule_sweep()
 
     # -- identities and time --------------------------------------------
@@ -162,9 +173,56 @@ class Broker:
         seq = self.next_seq()
         levels = dest.topic_levels(dest.name_of(message.destination))
         self.topics.remember(levels, seq, message)
-        for sub in self.topics.match(levels):
+        subs = self.topics.match(levels)
+        if len(subs) == 1:
+            sub = subs[0]
             if sub.wants(message):
-                sub.queue.enqueue(Entry(message, seq))
+                sub.queue.enqueue(Entry(message, seq, via=sub))
+            return
+        # Several filters may feed one queue (an MQTT session): one entry per
+        # queue, remembering every subscription that matched.
+        entries: dict[int, Entry] = {}
+        order: list[tuple[MessageQueue, Entry]] = []
+        for sub in subs:
+            if not sub.wants(message):
+                continue
+            entry = entries.get(id(sub.queue))
+            if entry is None:
+                entry = entries[id(sub.queue)] = Entry(message, seq, via=sub)
+                order.append((sub.queue, entry))
+            elif isinstance(entry.via, tuple):
+                entry.via = entry.via + (sub,)
+            else:
+                entry.via = (entry.via, sub)
+        for queue, entry in order:
+            queue.enqueue(entry)
+
+    # -- retained messages ----------------------------------------------
+
+    def retain(self, message: Message) -> None:
+        """Keep the message as its topic's retained one; an empty body clears it (MQTT)."""
+        levels = dest.topic_levels(dest.name_of(message.destination))
+        key = dest.name_of(message.destination)
+        if not message.body:
+            if self.retained.pop(levels, None) is not None:
+                self.store.delete_record(RETAINED_KIND, key)
+            return
+        self.retained[levels] = message
+        self.store.put_record(RETAINED_KIND, key, encode_message(message))
+
+    def retained_for(self, destination: str) -> list[Message]:
+        """Retained messages of every topic a filter matches."""
+        filter_levels = dest.topic_levels(dest.name_of(destination))
+        now = self.now_ms()
+        found = []
+        for levels, message in list(self.retained.items()):
+            if message.expiration and message.expiration <= now:
+                del self.retained[levels]
+                self.store.delete_record(RETAINED_KIND, ".".join(levels))
+                continue
+            if filter_matches(filter_levels, levels):
+                found.append(message)
+        return found
 
     # -- scheduled delivery ---------------------------------------------
 
@@ -238,36 +296,134 @@ class Broker:
         copy = message.copy(destination=self.dead_letter_queue_for(message.destination), headers=headers, expiration=0)
         self.queue(copy.destination).enqueue(Entry(copy, self.next_seq()))
 
+    # -- topic subscriptions feeding existing queues ---------------------
+
+    def add_subscription(
+        self, queue: MessageQueue, destination: str, *, selector: Any = None, no_local: bool = False,
+        owner_id: str | None = None, options: dict | None = None,
+    ) -> Subscription:
+        """A non-durable filter feeding ``queue`` (an MQTT clean session's queue)."""
+        dest.validate(destination, allow_wildcards=True)
+        sub = Subscription(queue, destination, selector=selector, no_local=no_local, owner_id=owner_id, options=options)
+        self.topics.add(sub)
+        return sub
+
+    def remove_subscription(self, sub: Subscription) -> None:
+        if sub.durable_key is not None:
+            self.remove_durable(sub.durable_key)
+        else:
+            self.topics.remove(sub)
+
+    def shared_subscription(self, group: str, destination: str) -> Subscription:
+        """The queue a shared subscription's members consume from, one message to one member."""
+        key = f"{group}\x1f{destination}"
+        found = self.shared.get(key)
+        if found is None:
+            dest.validate(destination, allow_wildcards=True)
+            queue = MessageQueue(f"shared://{group}/{dest.name_of(destination)}", self)
+            sub = Subscription(queue, destination)
+            self.topics.add(sub)
+            found = (sub, 0)
+        self.shared[key] = (found[0], found[1] + 1)
+        return found[0]
+
+    def leave_shared(self, group: str, destination: str) -> None:
+        key = f"{group}\x1f{destination}"
+        found = self.shared.get(key)
+        if found is None:
+            return
+        sub, members = found
+        if members > 1:
+            self.shared[key] = (sub, members - 1)
+            return
+        del self.shared[key]
+        self.topics.remove(sub)
+        sub.queue.purge()
+
     # -- durable subscriptions ------------------------------------------
+
+    def durable_queue(self, queue_key: str) -> MessageQueue:
+        queue = self.durable_queues.get(queue_key)
+        if queue is None:
+            storage = DurableStorage(self.store, queue_key, self.topic_messages)
+            queue = self.durable_queues[queue_key] = MessageQueue(f"durable://{queue_key}", self, storage)
+        return queue
 
     def durable_subscription(
         self, key: str, destination: str, selector_text: str | None, selector: Any, no_local: bool,
+        *, queue_key: str | None = None, options: dict | None = None,
     ) -> Subscription:
-        """Find or create a durable subscription; a changed definition starts afresh (as JMS)."""
+        """Find or create a durable subscription; a changed definition starts afresh (as JMS).
+
+        STOMP's durable subscriptions each have their own queue (queue_key is
+        the key); an MQTT persistent session's filters all feed the session's
+        one queue.
+        """
+        queue_key = queue_key or key
         existing = self.durables.get(key)
         if existing is not None:
-            same = existing.destination == destination and _selector_text(existing) == (selector_text or None)
-            if same and existing.no_local == no_local:
+            same = (
+                existing.destination == destination and _selector_text(existing) == (selector_text or None)
+                and existing.no_local == no_local and existing.queue is self.durable_queues.get(queue_key)
+            )
+            if same and existing.options == options:
                 return existing
+            if same:
+                existing.options = options  # new QoS or retain options: same messages, new record
+                self._save_durable(key, existing, queue_key, selector_text)
+                return existing
+            if existing.queue.consumers:
+                # Replacing it would cut off its consumer and drop what it holds.
+                raise SubscriptionError(f"durable subscription {key!r} is active; it cannot be redefined now")
             self.remove_durable(key)
-        queue = MessageQueue(f"durable://{key}", self, DurableStorage(self.store, key, self.topic_messages))
-        sub = Subscription(queue, destination, selector=selector, no_local=no_local, durable_key=key)
+        queue = self.durable_queue(queue_key)
+        sub = Subscription(queue, destination, selector=selector, no_local=no_local, durable_key=key, options=options)
         self.durables[key] = sub
         self.topics.add(sub)
-        record = {"destination": destination, "selector": selector_text or None, "no_local": no_local}
-        self.store.put_record(DURABLE_KIND, key, json.dumps(record).encode())
+        self._save_durable(key, sub, queue_key, selector_text)
         return sub
 
+    def _save_durable(self, key: str, sub: Subscription, queue_key: str, selector_text: str | None) -> None:
+        record = {
+            "destination": sub.destination, "selector": selector_text or None, "no_local": sub.no_local,
+            "queue": queue_key, "options": sub.options,
+        }
+        self.store.put_record(DURABLE_KIND, key, json.dumps(record).encode())
+
     def remove_durable(self, key: str) -> bool:
+        """Remove one durable subscription; its queue goes with its last subscription."""
         sub = self.durables.pop(key, None)
         if sub is None:
             return False
         self.topics.remove(sub)
-        for consumer in list(sub.queue.consumers):
-            sub.queue.remove_consumer(consumer)
-        sub.queue.purge()
         self.store.delete_record(DURABLE_KIND, key)
+        queue = sub.queue
+        if not any(other.queue is queue for other in self.durables.values()):
+            self._drop_durable_queue(queue)
         return True
+
+    def remove_durable_queue(self, queue_key: str) -> None:
+        """Remove a queue and every durable subscription feeding it (an MQTT session ends)."""
+        queue = self.durable_queues.get(queue_key)
+        if queue is None:
+            return
+        for key, sub in list(self.durables.items()):
+            if sub.queue is queue:
+                del self.durables[key]
+                self.topics.remove(sub)
+                self.store.delete_record(DURABLE_KIND, key)
+        self._drop_durable_queue(queue)
+
+    def _drop_durable_queue(self, queue: MessageQueue) -> None:
+        for consumer in list(queue.consumers):
+            queue.remove_consumer(consumer)
+        queue.purge()
+        for queue_key, q in list(self.durable_queues.items()):
+            if q is queue:
+                del self.durable_queues[queue_key]
+
+    def subscriptions_of(self, queue: MessageQueue) -> list[Subscription]:
+        return [sub for sub in self.durables.values() if sub.queue is queue]
 
     # -- recovery -------------------------------------------------------
 
@@ -281,12 +437,16 @@ class Broker:
             record = json.loads(raw)
             text = record.get("selector")
             selector = compile_selector(text) if text else None
-            queue = MessageQueue(f"durable://{key}", self, DurableStorage(store, key, self.topic_messages))
+            queue = self.durable_queue(record.get("queue") or key)
             sub = Subscription(
-                queue, record["destination"], selector=selector, no_local=record.get("no_local", False), durable_key=key,
+                queue, record["destination"], selector=selector, no_local=record.get("no_local", False),
+                durable_key=key, options=record.get("options"),
             )
             self.durables[key] = sub
             self.topics.add(sub)
+        for key, data in store.iter_records(RETAINED_KIND):
+            message = decode_message(data)
+            self.retained[dest.topic_levels(key)] = message
         topic_cache: dict[tuple[str, int], Message] = {}
         for destination in store.destinations():
             if destination.startswith("topic://"):
@@ -300,15 +460,15 @@ class Broker:
                 max_seq = max(max_seq, seq)
         referenced: set[tuple[str, int]] = set()
         for key, raw in store.iter_records(DURABLE_REF_KIND):
-            durable_key, seq_text = key.rsplit("\0", 1)
+            queue_key, seq_text = key.rsplit("\0", 1)
             seq = int(seq_text)
             topic = raw.decode()
             message = topic_cache.get((topic, seq))
-            sub = self.durables.get(durable_key)
-            if message is None or sub is None:
+            queue = self.durable_queues.get(queue_key)
+            if message is None or queue is None:
                 store.delete_record(DURABLE_REF_KIND, key)  # a reference left by a crash
                 continue
-            sub.queue.restore(Entry(message, seq))
+            queue.restore(Entry(message, seq))
             self.topic_messages.refs[seq] = self.topic_messages.refs.get(seq, 0) + 1
             referenced.add((topic, seq))
         for (topic, seq) in topic_cache.keys() - referenced:

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Callable
 from core import destination as dest
 from core.consumer import AckMode, Consumer, Sink
 from core.entry import Entry
-from core.errors import BrokerError, SubscriptionError, UnknownDelivery, UnknownDestination, UnknownTransaction
+from core.errors import (
+    BrokerError,
+    SubscriptionError,
+    UnknownDelivery,
+    UnknownDestination,
+    UnknownTransaction,
+)
 from core.message import Message
 from core.queue import MessageQueue
 from core.selector import SelectorError, compile_selector
@@ -50,13 +56,22 @@ class Connection:
         self.closed = False
         self._consumer_ids = itertools.count(1)
 
+    @property
+    def identity(self) -> str:
+        """Who published, for no-local: the client id when there is one, so it holds across reconnects."""
+        return self.client_id or self.id
+
     # -- producing ------------------------------------------------------
 
-    def send(self, message: Message, transaction: str | None = None, delay_ms: int = 0) -> None:
+    def send(self, message: Message, transaction: str | None = None, delay_ms: int = 0, retain: bool = False) -> None:
         dest.validate(message.destination, allow_wildcards=False)
+        if retain:
+            if not message.destination.startswith("topic://"):
+                raise BrokerError("only topic messages can be retained")
+            self.broker.retain(message)
         if message.destination.startswith("temp-queue://") and message.destination not in self.broker.queues:
             raise UnknownDestination(f"temporary queue {message.destination} does not exist (its owner has gone)")
-        message.origin = self.id
+        message.origin = self.identity
         if transaction is not None:
             self._transaction(transaction).sends.append((message, delay_ms))
         else:
@@ -101,13 +116,16 @@ class Connection:
                 if not self.client_id:
                     raise SubscriptionError("a durable subscription needs a client id on the connection")
                 key = f"{self.client_id}:{durable_name}"
+                prior = broker.durables.get(key)
                 sub = broker.durable_subscription(key, destination, selector, compiled, no_local)
+                # A returning subscriber kept receiving while away: replaying would duplicate.
+                retroactive = retroactive and sub is not prior
                 if sub.queue.consumers:
                     raise SubscriptionError(f"durable subscription {durable_name!r} of client {self.client_id!r} is already active")
             else:
                 queue = MessageQueue(f"subscription://{consumer_id}", broker)
                 sub = Subscription(queue, destination, selector=compiled, no_local=no_local)
-            sub.owner_id = self.id
+            sub.owner_id = self.identity
             if retroactive:
                 for seq, message in broker.topics.replay(sub.levels):
                     if sub.wants(message):
@@ -130,6 +148,18 @@ class Connection:
             )
         self.consumers[consumer_id] = consumer
         consumer.queue.add_consumer(consumer)
+        return consumer
+
+    def consume(
+        self, queue: MessageQueue, sink: Sink, *, ack_mode: AckMode = AckMode.CLIENT_INDIVIDUAL,
+        prefetch: int | None = None, handle: object = None,
+    ) -> Consumer:
+        """Attach a consumer to a queue the protocol manages itself (an MQTT session or shared queue)."""
+        consumer_id = f"{self.id}/{next(self._consumer_ids)}"
+        prefetch = self.broker.policy.default_prefetch if prefetch is None else prefetch
+        consumer = Consumer(consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
+        self.consumers[consumer_id] = consumer
+        queue.add_consumer(consumer)
         return consumer
 
     def unsubscribe(self, consumer: Consumer, *, remove_durable: bool = False) -> None:

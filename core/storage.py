@@ -14,6 +14,7 @@ from persistence.store import Store
 DURABLE_KIND = "durable"          # key: durable key -> subscription definition (JSON)
 DURABLE_REF_KIND = "durable-ref"  # key: durable key \0 seq -> topic destination
 SCHEDULED_KIND = "scheduled"      # key: due ms : seq -> encoded message
+RETAINED_KIND = "retained"        # key: topic name -> encoded message
 
 
 def seq_key(seq: int) -> str:

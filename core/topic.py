@@ -17,7 +17,7 @@ class Subscription:
     subscriber's queue only ever holds what it will be given.
     """
 
-    __slots__ = ("queue", "destination", "levels", "selector", "no_local", "owner_id", "durable_key")
+    __slots__ = ("queue", "destination", "levels", "selector", "no_local", "owner_id", "durable_key", "options")
 
     def __init__(
         self,
@@ -28,6 +28,7 @@ class Subscription:
         no_local: bool = False,
         owner_id: str | None = None,
         durable_key: str | None = None,
+        options: dict | None = None,
     ) -> None:
         self.queue = queue
         self.destination = destination
@@ -36,6 +37,9 @@ class Subscription:
         self.no_local = no_local
         self.owner_id = owner_id
         self.durable_key = durable_key
+        # Protocol-specific options, kept (and stored for durable ones) but not
+        # interpreted by the core: MQTT's QoS, retain handling, identifiers.
+        self.options = options
 
     def wants(self, message: Message) -> bool:
         if self.no_local and message.origin is not None and message.origin == self.owner_id:

@@ -6,7 +6,11 @@ import sys
 from typing import Sequence
 
 from twisted.logger import (
-    FilteringLogObserver, LogLevel, LogLevelFilterPredicate, globalLogBeginner, textFileLogObserver,
+    FilteringLogObserver,
+    LogLevel,
+    LogLevelFilterPredicate,
+    globalLogBeginner,
+    textFileLogObserver,
 )
 
 from gateway import config as configuration

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from twisted.internet import defer, endpoints
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from core.broker import Broker

@@ -7,7 +7,9 @@ tests are isolated and never collide on ports.  Clients are the real ones
 """
 from __future__ import annotations
 
+import itertools
 import socket
+import struct
 import threading
 import time
 from typing import Any, Callable
@@ -145,11 +147,47 @@ def connect(handle: BrokerHandle, version: str = "1.2", client_id: str | None = 
     return conn, collector
 
 
+_ids = itertools.count(1)
+
+
 def disconnect(conn: Any) -> None:
+    """A clean DISCONNECT that returns once the broker has closed the connection.
+
+    Waiting matters: reconnecting with the same client-id straight after a
+    DISCONNECT that the broker has not processed yet is refused as a duplicate.
+    """
     try:
-        conn.disconnect()
+        if conn.is_connected():
+            conn.disconnect(receipt=f"bye-{next(_ids)}")
     except Exception:
         pass
+
+
+leave = disconnect
+
+
+def sync(conn: Any, got: Collector, timeout: float = 5.0) -> None:
+    """Wait until the broker has handled every frame this connection sent so far (a receipt barrier)."""
+    tx = f"sync-{next(_ids)}"
+    conn.begin(transaction=tx)
+    conn.abort(tx, headers={"receipt": tx})
+    deadline = time.monotonic() + timeout
+    while tx not in got.receipts:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no receipt {tx}")
+        time.sleep(0.005)
+
+
+def drop(conn: Any, got: Collector) -> None:
+    """Lose the TCP connection without a DISCONNECT frame (a crashed client)."""
+    sock = conn.transport.socket
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.shutdown(socket.SHUT_RDWR)
+    assert got.disconnected.wait(5), "stomp.py did not notice the dropped socket"
+
+
+def bodies(messages: list[Any]) -> list[str]:
+    return [m.body for m in messages]
 
 
 class RawStomp:

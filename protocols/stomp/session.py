@@ -7,7 +7,7 @@ the same class and tests can drive it with no network at all.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from twisted.logger import Logger
 
@@ -19,7 +19,13 @@ from core.errors import BrokerError
 from core.message import Message
 from protocols.stomp import names
 from protocols.stomp.codec import (
-    CLIENT_COMMANDS, Frame, StompDecoder, StompLimits, StompProtocolError, encode_frame, escape_header,
+    CLIENT_COMMANDS,
+    Frame,
+    StompDecoder,
+    StompLimits,
+    StompProtocolError,
+    encode_frame,
+    escape_header,
 )
 
 log = Logger(namespace="gateway.stomp")

@@ -6,7 +6,13 @@ from twisted.internet.task import Clock
 
 from core.broker import Broker
 from core.consumer import AckMode
-from core.errors import BrokerError, SubscriptionError, UnknownDelivery, UnknownDestination, UnknownTransaction
+from core.errors import (
+    BrokerError,
+    SubscriptionError,
+    UnknownDelivery,
+    UnknownDestination,
+    UnknownTransaction,
+)
 from core.message import Message
 from core.policy import Policy
 from persistence.memory import MemoryStore
