@@ -68,6 +68,7 @@ class Broker:
         self._scheduled: dict[str, Any] = {}  # record key -> delayed call
         self._sweeper: Any = None
         self.messages_received = 0
+        self.messages_sent = 0
         self.started_at = 0.0
 
     # -- lifecycle ------------------------------------------------------
@@ -155,8 +156,9 @@ class Broker:
             return
         self.route(message)
 
-    def route(self, message: Message) -> None:
-        self.messages_received += 1
+    def route(self, message: Message, count: bool = True) -> None:
+        if count:
+            self.messages_received += 1
         destination = message.destination
         if destination.startswith("topic://"):
             self._publish(message)
@@ -251,13 +253,13 @@ class Broker:
     def redeliver(self, queue: MessageQueue, entries: list[Entry], reason: str) -> None:
         """Offer failed deliveries again, or dead-letter the ones that failed too often."""
         policy = self.policy
+        limit = policy.max_redeliveries if queue.max_redeliveries is None else queue.max_redeliveries
         retry: list[Entry] = []
         for entry in entries:
             entry.redeliveries += 1
-            if 0 <= policy.max_redeliveries < entry.redeliveries:
+            if 0 <= limit < entry.redeliveries:
                 self.dead_letter(
-                    queue, entry,
-                    f"delivery failed {entry.redeliveries} times (max_redeliveries={policy.max_redeliveries}); last: {reason}",
+                    queue, entry, f"delivery failed {entry.redeliveries} times (max_redeliveries={limit}); last: {reason}",
                 )
             else:
                 retry.append(entry)
@@ -321,6 +323,7 @@ class Broker:
         if found is None:
             dest.validate(destination, allow_wildcards=True)
             queue = MessageQueue(f"shared://{group}/{dest.name_of(destination)}", self)
+            queue.max_redeliveries = -1
             sub = Subscription(queue, destination)
             self.topics.add(sub)
             found = (sub, 0)

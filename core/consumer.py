@@ -71,6 +71,7 @@ class Consumer:
         return selector is None or selector.matches(entry.message.lookup)
 
     def deliver(self, entry: "Entry") -> None:
+        self.queue.host.messages_sent += 1
         tag = self.next_tag
         self.next_tag = tag + 1
         if self.ack_mode is AckMode.AUTO:

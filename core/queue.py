@@ -36,6 +36,7 @@ class Storage(Protocol):
 
 class Host(Protocol):
     policy: Policy
+    messages_sent: int
 
     def now_ms(self) -> int: ...
 
@@ -96,6 +97,9 @@ class MessageQueue:
         self.groups: dict[str, Consumer] = {}
         self.enqueued = 0
         self.dequeued = 0
+        # Overrides the policy's max_redeliveries for this queue (-1: never dead-letter);
+        # MQTT session queues use it, since a reconnect is not a failed delivery there.
+        self.max_redeliveries: int | None = None
         self._rr = 0
         self._selectors = 0
         self._exclusives = 0

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.policy import Policy
+from protocols.mqtt.names import filter_to_canonical
+from protocols.mqtt.session import MqttSettings
 from protocols.stomp.codec import StompLimits
 from protocols.stomp.session import StompSettings
 
@@ -35,6 +37,10 @@ class Config:
     name: str = "gateway"
     stomp: ListenerConfig = field(default_factory=lambda: ListenerConfig(61613))
     stomp_settings: StompSettings = field(default_factory=StompSettings)
+    mqtt: ListenerConfig = field(default_factory=lambda: ListenerConfig(1883))
+    mqtt_settings: MqttSettings = field(default_factory=MqttSettings)
+    # Seconds between $SYS figure updates (0: none), as Mosquitto's sys_interval.
+    sys_interval: float = 10.0
     policy: Policy = field(default_factory=Policy)
     # Seconds a shutdown waits for clients to be told and their sockets to drain.
     shutdown_timeout: float = 5.0
@@ -78,8 +84,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
     for key, value in (overrides or {}).items():
         if value is None:
             continue
-        if key == "stomp_port":
-            config.stomp.port = value
+        if key in ("stomp_port", "mqtt_port"):
+            getattr(config, key[:-5]).port = value
         else:
             setattr(config, key, value)
     validate(config)
@@ -99,6 +105,11 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
             _apply(config.stomp, listener, "stomp")
             _apply(config.stomp_settings.limits, limits, "stomp")
             _apply(config.stomp_settings, rest, "stomp")
+        elif section == "mqtt":
+            listener = {k: values[k] for k in ("port", "host") if k in values}
+            rest = {k: v for k, v in values.items() if k not in listener}
+            _apply(config.mqtt, listener, "mqtt")
+            _apply(config.mqtt_settings, rest, "mqtt")
         elif section == "policy":
             _apply(config.policy, values, "policy")
         else:
@@ -108,7 +119,7 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
 def validate(config: Config) -> None:
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
-    for name in ("stomp",):
+    for name in ("stomp", "mqtt"):
         listener: ListenerConfig = getattr(config, name)
         if not 0 <= listener.port <= 65535:
             raise ConfigError(f"{name} port must be 0-65535 (0 disables), got {listener.port}")
@@ -116,5 +127,19 @@ def validate(config: Config) -> None:
     for key in ("max_frame_size", "max_headers", "max_header_length", "max_command_length"):
         if getattr(limits, key) <= 0:
             raise ConfigError(f"[stomp] {key} must be positive")
+    mqtt = config.mqtt_settings
+    if not 0 < mqtt.receive_maximum <= 65535:
+        raise ConfigError("[mqtt] receive_maximum must be 1-65535")
+    if not 0 <= mqtt.topic_alias_maximum <= 65535:
+        raise ConfigError("[mqtt] topic_alias_maximum must be 0-65535")
+    if mqtt.max_packet_size <= 0 or mqtt.max_inflight <= 0:
+        raise ConfigError("[mqtt] max_packet_size and max_inflight must be positive")
+    for topic_filter in mqtt.queue_topics:
+        if not isinstance(topic_filter, str):
+            raise ConfigError("[mqtt] queue_topics must be a list of MQTT topic filters")
+        try:
+            filter_to_canonical(topic_filter)
+        except ValueError as exc:
+            raise ConfigError(f"[mqtt] queue_topics: {topic_filter!r}: {exc}") from None
     if not config.policy.dead_letter_queue.startswith("queue://"):
         raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")

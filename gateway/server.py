@@ -8,12 +8,17 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from core.broker import Broker
+from core.sysinfo import SysPublisher
 from gateway.config import Config
 from persistence.memory import MemoryStore
 from persistence.store import Store
-from protocols.stomp.adapter import StompFactory
+from protocols.mqtt.adapter import mqtt_factory
+from protocols.mqtt.hub import MqttHub
+from protocols.stomp.adapter import stomp_factory
 
 log = Logger(namespace="gateway")
+
+VERSION = "gateway 0.1.0"
 
 
 class Gateway:
@@ -22,12 +27,24 @@ class Gateway:
         self.reactor = reactor
         self.store = store if store is not None else MemoryStore()
         self.broker = Broker(self.store, reactor, config.policy, name=config.name)
-        self.stomp_factory = StompFactory(self.broker, config.stomp_settings)
+        self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings)
+        self.factories = {
+            "stomp": stomp_factory(self.broker, config.stomp_settings),
+            "mqtt": mqtt_factory(self.mqtt_hub),
+        }
+        self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
         self.ports: dict[str, Any] = {}
+
+    def port(self, name: str) -> int:
+        return self.ports[name].getHost().port
 
     @property
     def stomp_port(self) -> int:
-        return self.ports["stomp"].getHost().port
+        return self.port("stomp")
+
+    @property
+    def mqtt_port(self) -> int:
+        return self.port("mqtt")
 
     def start(self, ephemeral: bool = False) -> None:
         """Recover, then listen; on return the ports are bound and known.
@@ -37,16 +54,21 @@ class Gateway:
         """
         os.makedirs(self.config.data_dir, exist_ok=True)
         self.broker.start()
-        listener = self.config.stomp
-        self._listen("stomp", listener.host or self.config.host, listener.port, self.stomp_factory, ephemeral)
+        self.sys.start()
+        for name, factory in self.factories.items():
+            listener = getattr(self.config, name)
+            self._listen(name, listener.host or self.config.host, listener.port, factory, ephemeral)
 
     def _listen(self, name: str, host: str, port: int, factory: Any, ephemeral: bool) -> None:
         if port == 0:
-            log.info("{name} listener disabled (port 0)", name=name)
+            log.info("{name} listener disabled (port 0)", name=name.upper())
             return
         self.ports[name] = self.reactor.listenTCP(0 if ephemeral else port, factory, interface=host)
         bound = self.ports[name].getHost()
         log.info("{name} listening on {host}:{port}", name=name.upper(), host=bound.host, port=bound.port)
+
+    def sessions(self) -> list[Any]:
+        return [s for factory in self.factories.values() for s in factory.sessions]
 
     @defer.inlineCallbacks
     def stop(self) -> Any:
@@ -54,13 +76,14 @@ class Gateway:
         for port in self.ports.values():
             yield port.stopListening()
         self.ports.clear()
-        for session in list(self.stomp_factory.sessions):
+        for session in self.sessions():
             session.shutdown()
         deadline = self.reactor.seconds() + self.config.shutdown_timeout
-        while self.stomp_factory.sessions and self.reactor.seconds() < deadline:
+        while self.sessions() and self.reactor.seconds() < deadline:
             d = defer.Deferred()
             self.reactor.callLater(0.05, d.callback, None)
             yield d
+        self.sys.stop()
         self.broker.stop()
         self.store.close()
         log.info("broker stopped")

@@ -49,6 +49,7 @@ class BrokerHandle:
         self.gateway = call(self._start, config, store)
         self.host = "127.0.0.1"
         self.port = self.gateway.stomp_port
+        self.mqtt_port = self.gateway.mqtt_port
         self.broker = self.gateway.broker
 
     @staticmethod

@@ -1,0 +1,159 @@
+"""MQTT sessions by client id, shared by every MQTT listener (TCP and WebSocket).
+
+Owns what spans connections: taking a session over from an older connection,
+resuming or discarding it (clean start), ending it when its expiry interval
+passes, and wills (published on abnormal loss, after their delay, or when the
+session ends first).
+"""
+from __future__ import annotations
+
+import secrets
+
+from twisted.logger import Logger
+
+from core.broker import Broker
+from core.errors import BrokerError
+from core.queue import MessageQueue
+from protocols.mqtt import codec as mq
+from protocols.mqtt.names import InvalidTopic, filter_to_canonical, topic_to_canonical
+from protocols.mqtt.session import (
+    NEVER_EXPIRES,
+    ClientSession,
+    MqttSession,
+    MqttSettings,
+    build_message,
+)
+
+log = Logger(namespace="gateway.mqtt")
+
+
+class MqttHub:
+    def __init__(self, broker: Broker, settings: MqttSettings) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.clients: dict[str, ClientSession] = {}
+        self.live: set[MqttSession] = set()
+        self.queue_filters = [
+            tuple(filter_to_canonical(f)[8:].split(".")) for f in settings.queue_topics
+        ]
+
+    @staticmethod
+    def queue_key(client_id: str) -> str:
+        return f"mqtt:{client_id}"
+
+    def assign_client_id(self) -> str:
+        return "auto-" + secrets.token_hex(8)
+
+    # -- attaching and detaching connections --------------------------------
+
+    def attach(self, session: MqttSession, client_id: str, clean_start: bool, expiry: int) -> tuple[ClientSession, bool]:
+        """Give a new connection its session; returns it and whether it existed (session present)."""
+        client = self.clients.get(client_id)
+        if client is not None and client.live is not None and client.live is not session:
+            client.live.take_over()
+            client = self.clients.get(client_id)  # the old connection's expiry may have ended it
+        if client is None and not clean_start:
+            client = self._recover(client_id)
+        if client is not None and clean_start:
+            self._end(client)
+            client = None
+        present = client is not None
+        if client is None:
+            durable = expiry > 0
+            if durable:
+                queue = self.broker.durable_queue(self.queue_key(client_id))
+            else:
+                queue = MessageQueue(f"mqtt://{client_id}", self.broker)
+            queue.max_redeliveries = -1
+            client = self.clients[client_id] = ClientSession(client_id, queue, durable)
+        for timer in (client.expiry_timer, client.will_timer):
+            if timer is not None and timer.active():
+                timer.cancel()  # back in time: neither the session nor a delayed will ends
+        client.expiry_timer = client.will_timer = None
+        client.pending_will = None
+        client.expiry = expiry
+        client.live = session
+        self.live.add(session)
+        return client, present
+
+    def _recover(self, client_id: str) -> ClientSession | None:
+        """A persistent session that only the store remembers (the broker restarted)."""
+        queue = self.broker.durable_queues.get(self.queue_key(client_id))
+        if queue is None:
+            return None
+        queue.max_redeliveries = -1
+        client = self.clients[client_id] = ClientSession(client_id, queue, True)
+        for sub in self.broker.subscriptions_of(queue):
+            mqtt_filter = sub.durable_key.split("\x1f", 1)[1]  # type: ignore[union-attr]
+            client.filters[mqtt_filter] = sub.options or {}
+            client.subs[mqtt_filter] = sub
+            sub.owner_id = client_id
+        return client
+
+    def detach(self, session: MqttSession, will: mq.Will | None, level: int) -> None:
+        self.live.discard(session)
+        client = session.client
+        if client is None or client.live is not session:
+            return
+        client.live = None
+        if will is not None:
+            delay = will.properties.get("will_delay_interval", 0) if level == 5 else 0
+            if delay and client.expiry:
+                client.will_timer = self.broker.clock.callLater(
+                    min(delay, client.expiry), self._will_due, client, will,
+                )
+                client.pending_will = will
+            else:
+                self.publish_will(will)
+        if client.expiry == 0:
+            self._end(client)
+        elif client.expiry != NEVER_EXPIRES:
+            client.expiry_timer = self.broker.clock.callLater(client.expiry, self._expired, client)
+
+    def _will_due(self, client: ClientSession, will: mq.Will) -> None:
+        client.will_timer = None
+        client.pending_will = None
+        self.publish_will(will)
+
+    def _expired(self, client: ClientSession) -> None:
+        client.expiry_timer = None
+        if client.live is None:
+            log.info("session of {client} expired", client=client.client_id)
+            self._end(client)
+
+    def _end(self, client: ClientSession) -> None:
+        """The session is over: its subscriptions and queued messages go; a pending will is sent now."""
+        if self.clients.get(client.client_id) is client:
+            del self.clients[client.client_id]
+        for timer in (client.expiry_timer, client.will_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        will = client.pending_will
+        if will is not None:
+            client.pending_will = None
+            self.publish_will(will)
+        if client.durable:
+            self.broker.remove_durable_queue(self.queue_key(client.client_id))
+        else:
+            for sub in client.subs.values():
+                self.broker.remove_subscription(sub)
+            client.queue.purge()
+        client.subs.clear()
+        client.filters.clear()
+
+    def publish_will(self, will: mq.Will) -> None:
+        try:
+            destination = topic_to_canonical(will.topic)
+            message = build_message(self.broker, destination, will.payload, will.qos, will.retain, will.properties)
+            if will.retain:
+                self.broker.retain(message)
+            self.broker.send(message)
+        except (InvalidTopic, BrokerError) as exc:
+            log.warn("will on {topic!r} not published: {why}", topic=will.topic, why=str(exc))
+
+    def shutdown(self) -> None:
+        for session in list(self.live):
+            session.shutdown()
+
+    def __len__(self) -> int:
+        return len(self.live)

@@ -1,0 +1,706 @@
+"""The MQTT state machine: packets in, calls on the core; deliveries out, PUBLISHes.
+
+Two objects, because an MQTT session outlives its network connection:
+
+- ``ClientSession`` is the session of one client id: its queue in the core
+  (durable when the session outlives the connection), its subscriptions and
+  options, the packet ids of QoS 1/2 flows in progress.  The ``MqttHub``
+  keeps them by client id, shared by the TCP and WebSocket listeners.
+- ``MqttSession`` is one network connection's protocol state: the decoder,
+  keep-alive, topic aliases, the negotiated limits, and the core connection.
+
+Every subscription of a client feeds the client's one queue, so a message
+matching several of its filters is delivered once, at the highest granted
+QoS (MQTT 3.1.1 3.3.5), carrying every matching subscription identifier (5.0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from twisted.logger import Logger
+
+from core.consumer import AckMode, Consumer
+from core.entry import Entry
+from core.errors import BrokerError
+from core.message import Message
+from core.queue import MessageQueue
+from core.topic import Subscription
+from core.trie import filter_matches
+from protocols.mqtt import codec as mq
+from protocols.mqtt.codec import MqttDecoder, MqttProtocolError, ReasonCode
+from protocols.mqtt.names import (
+    InvalidTopic,
+    canonical_to_topic,
+    filter_to_canonical,
+    split_shared,
+    topic_to_canonical,
+)
+
+if TYPE_CHECKING:
+    from protocols.mqtt.hub import MqttHub
+
+log = Logger(namespace="gateway.mqtt")
+
+# Core message headers that carry MQTT facts; never passed on as user properties.
+QOS_HEADER = "mqtt-qos"
+RETAIN_HEADER = "mqtt-retain"
+FORMAT_HEADER = "mqtt-payload-format"
+_INTERNAL_PREFIX = "mqtt-"
+
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+@dataclass
+class MqttSettings:
+    # Largest packet accepted (and announced to 5.0 clients); checked before it is buffered.
+    max_packet_size: int = 4 * 1024 * 1024
+    # QoS 1/2 PUBLISHes a client may have unacknowledged towards us (5.0 receive maximum).
+    receive_maximum: int = 1000
+    # QoS 1/2 deliveries in flight to a client that sets no receive maximum of its own.
+    max_inflight: int = 1000
+    topic_alias_maximum: int = 100
+    # 0 accepts the client's keep-alive; otherwise an upper bound told to 5.0 clients.
+    server_keep_alive: int = 0
+    keep_alive_grace: float = 1.5
+    max_subscriptions: int = 1000
+    connect_timeout: float = 10.0
+    # MQTT filters whose publishes go to a queue of the same name instead of the topic.
+    queue_topics: list[str] = field(default_factory=list)
+
+
+class Transport(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RetainedVia:
+    """Entry.via marker for a retained message sent because of a SUBSCRIBE (retain flag 1)."""
+
+    __slots__ = ("options",)
+
+    def __init__(self, options: dict) -> None:
+        self.options = options
+
+
+@dataclass
+class Inflight:
+    consumer: Consumer
+    tag: int
+    seq: int
+
+
+class ClientSession:
+    """What survives between connections of one client id (MQTT 4.1)."""
+
+    def __init__(self, client_id: str, queue: MessageQueue, durable: bool) -> None:
+        self.client_id = client_id
+        self.queue = queue
+        self.durable = durable
+        self.expiry = 0                     # seconds after disconnect; NEVER_EXPIRES
+        self.filters: dict[str, dict] = {}  # MQTT filter -> options (qos, nl, rap, rh, id)
+        self.subs: dict[str, Subscription] = {}
+        self.shared: dict[str, tuple[str, str]] = {}  # filter -> (group, canonical filter)
+        self.outbound: dict[int, Inflight] = {}       # packet id -> PUBLISH awaiting PUBACK/PUBREC
+        self.released: set[int] = set()               # PUBREL sent, awaiting PUBCOMP
+        self.inbound_qos2: set[int] = set()           # PUBREC sent, awaiting PUBREL
+        self.ids_by_seq: dict[int, int] = {}          # message -> packet id it was first sent with
+        self.next_id = 1
+        self.live: MqttSession | None = None
+        self.expiry_timer: Any = None
+        self.will_timer: Any = None
+        self.pending_will: mq.Will | None = None      # a will waiting out its delay
+
+    def allocate_id(self) -> int:
+        busy = self.outbound
+        for _ in range(65535):
+            pid = self.next_id
+            self.next_id = pid % 65535 + 1
+            if pid not in busy and pid not in self.released:
+                return pid
+        raise BrokerError("no free packet identifier")
+
+
+def build_message(broker: Any, destination: str, payload: bytes, qos: int, retain: bool, props: dict) -> Message:
+    """A core message from a PUBLISH or a will: MQTT 5 properties become the common fields and headers."""
+    headers: dict[str, str] = {}
+    for key, value in props.get("user_properties", ()):
+        headers.setdefault(key, value)
+    headers[QOS_HEADER] = str(qos)
+    if retain:
+        headers[RETAIN_HEADER] = "1"
+    if props.get("payload_format_indicator") == 1:
+        headers[FORMAT_HEADER] = "1"
+    now = broker.now_ms()
+    expiry = props.get("message_expiry_interval")
+    reply_to = props.get("response_topic")
+    correlation = props.get("correlation_data")
+    return Message(
+        broker.new_message_id(), destination, payload, headers,
+        persistent=qos > 0, timestamp=now,
+        expiration=now + expiry * 1000 if expiry else 0,
+        content_type=props.get("content_type"),
+        reply_to=topic_to_canonical(reply_to) if reply_to else None,
+        # Correlation data is bytes; surrogateescape keeps any bytes exact for MQTT peers.
+        correlation_id=correlation.decode("utf-8", "surrogateescape") if correlation is not None else None,
+    )
+
+
+def message_qos(message: Message) -> int:
+    """The QoS a message was published with; STOMP's persistent messages count as QoS 1."""
+    text = message.headers.get(QOS_HEADER)
+    if text is not None:
+        return 2 if text == "2" else 1 if text == "1" else 0
+    return 1 if message.persistent else 0
+
+
+class MqttSession:
+    def __init__(self, hub: "MqttHub", transport: Transport, remote: str = "") -> None:
+        self.hub = hub
+        self.broker = hub.broker
+        self.settings = hub.settings
+        self.transport = transport
+        self.remote = remote
+        self.decoder = MqttDecoder(max_packet_size=self.settings.max_packet_size, server=True)
+        self.level = 4
+        self.client: ClientSession | None = None
+        self.conn: Any = None
+        self.consumer: Consumer | None = None
+        self.shared_consumers: dict[str, Consumer] = {}
+        self.closed = False
+        self.label = remote
+        self.will: mq.Will | None = None
+        self.keep_alive = 0
+        self._last_read = self.broker.clock.seconds()
+        self._timer: Any = self.broker.clock.callLater(self.settings.connect_timeout, self._connect_timed_out)
+        # What the client told us it accepts (5.0).
+        self.peer_receive_maximum = 65535
+        self.peer_max_packet = mq.MAX_PACKET_SIZE
+        self.peer_alias_max = 0
+        self.in_aliases: dict[int, str] = {}
+        self.out_aliases: dict[str, int] = {}
+        self.problem_information = True
+        self.normal_disconnect = False
+
+    # -- input ------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._last_read = self.broker.clock.seconds()
+        try:
+            packets = self.decoder.feed(data)
+        except MqttProtocolError as exc:
+            for packet in exc.packets:
+                if self.closed:
+                    return
+                self._dispatch(packet)
+            if not self.closed:
+                self._protocol_error(exc.reason_code, exc.message, exc)
+            return
+        for packet in packets:
+            if self.closed:
+                return
+            self._dispatch(packet)
+
+    def _dispatch(self, packet: Any) -> None:
+        try:
+            if self.client is None:
+                if not isinstance(packet, mq.Connect):
+                    raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, "the first packet must be CONNECT")
+                self._on_connect(packet)
+                return
+            handler = self._handlers.get(type(packet))
+            if handler is None:
+                raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
+            handler(self, packet)
+        except MqttProtocolError as exc:
+            self._protocol_error(exc.reason_code, exc.message)
+        except Exception:
+            # A bug must cost one client its connection, never the reactor its loop.
+            log.failure("[{label}] internal error handling {p}", label=self.label, p=type(packet).__name__)
+            self._protocol_error(ReasonCode.UNSPECIFIED_ERROR, "internal error")
+
+    # -- connecting -------------------------------------------------------
+
+    def _connect_timed_out(self) -> None:
+        self._timer = None
+        if self.client is None and not self.closed:
+            log.info("[{label}] no CONNECT in time: closing", label=self.label)
+            self._close()
+
+    def _on_connect(self, packet: mq.Connect) -> None:
+        self.level = packet.level
+        props = packet.properties
+        client_id = packet.client_id
+        assigned = None
+        if not client_id:
+            if self.level < 5 and not packet.clean_start:
+                self._refuse(0x02, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "an empty client id needs a clean session")
+                return
+            client_id = assigned = self.hub.assign_client_id()
+        if self.level == 3 and len(client_id) > 23:
+            self._refuse(0x02, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 client ids are 1-23 characters")
+            return
+        if self.level == 5 and props.get("authentication_method"):
+            self._refuse(0x05, ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not configured")
+            return
+        if self.level == 5:
+            self.peer_receive_maximum = props.get("receive_maximum", 65535)
+            self.peer_max_packet = props.get("maximum_packet_size", mq.MAX_PACKET_SIZE)
+            self.peer_alias_max = props.get("topic_alias_maximum", 0)
+            self.problem_information = props.get("request_problem_information", 1) == 1
+            expiry = props.get("session_expiry_interval", 0)
+        else:
+            expiry = 0 if packet.clean_start else NEVER_EXPIRES
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+        client, present = self.hub.attach(self, client_id, packet.clean_start, expiry)
+        self.client = client
+        self.label = f"{self.remote} {client_id}"
+        self.will = packet.will
+        self.conn = self.broker.connect(client_id, protocol=f"mqtt/{self.level}", remote=self.remote)
+        keep_alive = packet.keep_alive
+        server_keep_alive = None
+        limit = self.settings.server_keep_alive
+        if limit and (keep_alive == 0 or keep_alive > limit):
+            keep_alive = server_keep_alive = limit
+        self.keep_alive = keep_alive
+
+        ack_props: dict[str, Any] = {}
+        if self.level == 5:
+            ack_props = {
+                "receive_maximum": self.settings.receive_maximum,
+                "maximum_packet_size": self.settings.max_packet_size,
+                "topic_alias_maximum": self.settings.topic_alias_maximum,
+            }
+            if assigned is not None:
+                ack_props["assigned_client_identifier"] = assigned
+            if server_keep_alive is not None:
+                ack_props["server_keep_alive"] = server_keep_alive
+            if props.get("request_response_information"):
+                ack_props["response_information"] = f"response/{client_id}"
+        self._send(mq.Connack(present, 0, ack_props))
+        log.info("[{label}] connected with MQTT level {mqtt_level}, session present: {p}", label=self.label, mqtt_level=self.level, p=present)
+
+        for pid in sorted(client.released):
+            self._send(mq.Pubrel(pid))
+        prefetch = min(self.peer_receive_maximum, self.settings.max_inflight)
+        self.consumer = self.conn.consume(client.queue, self._deliver, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=prefetch)
+        for mqtt_filter, (group, canonical) in client.shared.items():
+            self._join_shared(mqtt_filter, group, canonical)
+        if keep_alive:
+            self._arm_keep_alive()
+
+    def _refuse(self, return_code: int, reason: int, why: str) -> None:
+        log.info("[{label}] CONNECT refused: {why}", label=self.label, why=why)
+        code = reason if self.level == 5 else return_code
+        props = {"reason_string": why} if self.level == 5 else {}
+        self._send(mq.Connack(False, code, props))
+        self._close()
+
+    def _arm_keep_alive(self) -> None:
+        if not self.closed and self.keep_alive:
+            self._timer = self.broker.clock.callLater(self.keep_alive / 2, self._check_keep_alive)
+
+    def _check_keep_alive(self) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        silence = self.broker.clock.seconds() - self._last_read
+        if silence > self.keep_alive * self.settings.keep_alive_grace:
+            log.info("[{label}] keep-alive timeout after {s:.1f}s", label=self.label, s=silence)
+            self._server_disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep-alive timeout")
+            return
+        self._arm_keep_alive()
+
+    # -- publishing (client -> broker) -------------------------------------
+
+    def _on_publish(self, packet: mq.Publish) -> None:
+        props = packet.properties
+        topic = packet.topic
+        if self.level == 5:
+            alias = props.get("topic_alias")
+            if alias is not None:
+                if alias > self.settings.topic_alias_maximum:
+                    raise MqttProtocolError(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} is above the maximum")
+                if topic:
+                    self.in_aliases[alias] = topic
+                else:
+                    topic = self.in_aliases.get(alias, "")
+                    if not topic:
+                        raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} is not set")
+        qos = packet.qos
+        pid = packet.packet_id
+        if qos == 2 and pid in self.client.inbound_qos2:  # type: ignore[union-attr]
+            # A retransmission of something already routed: acknowledge, do not route twice.
+            self._send(mq.Pubrec(pid))
+            return
+        if qos and len(self.client.inbound_qos2) >= self.settings.receive_maximum:  # type: ignore[union-attr]
+            raise MqttProtocolError(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS 2 messages awaiting PUBREL")
+        if props.get("payload_format_indicator") == 1:
+            try:
+                packet.payload.decode("utf-8")
+            except UnicodeDecodeError:
+                self._reject_publish(packet, ReasonCode.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8 as its format indicator says")
+                return
+        try:
+            destination = self._publish_destination(topic)
+            message = self._message(destination, packet, props)
+            self.conn.send(message, retain=packet.retain and destination.startswith("topic://"))
+        except (InvalidTopic, BrokerError) as exc:
+            self._reject_publish(packet, ReasonCode.TOPIC_NAME_INVALID, str(exc))
+            return
+        if qos == 1:
+            data = mq.encode(mq.Puback(pid), self.level)
+            self.conn.when_durable(lambda: self._write(data))
+        elif qos == 2:
+            self.client.inbound_qos2.add(pid)  # type: ignore[union-attr]
+            data = mq.encode(mq.Pubrec(pid), self.level)
+            self.conn.when_durable(lambda: self._write(data))
+
+    def _reject_publish(self, packet: mq.Publish, reason: int, why: str) -> None:
+        if packet.qos and self.level == 5:
+            props = {"reason_string": why} if self.problem_information else {}
+            ack = mq.Puback if packet.qos == 1 else mq.Pubrec
+            self._send(ack(packet.packet_id, reason, props))
+            return
+        raise MqttProtocolError(reason, why)
+
+    def _publish_destination(self, topic: str) -> str:
+        canonical = topic_to_canonical(topic)
+        for levels in self.hub.queue_filters:
+            if filter_matches(levels, tuple(canonical[8:].split("."))):
+                return "queue://" + canonical[8:]
+        return canonical
+
+    def _message(self, destination: str, packet: mq.Publish, props: dict) -> Message:
+        return build_message(self.broker, destination, packet.payload, packet.qos, packet.retain, props)
+
+    def _on_pubrel(self, packet: mq.Pubrel) -> None:
+        known = packet.packet_id in self.client.inbound_qos2  # type: ignore[union-attr]
+        self.client.inbound_qos2.discard(packet.packet_id)  # type: ignore[union-attr]
+        reason = 0 if known or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        self._send(mq.Pubcomp(packet.packet_id, reason))
+
+    # -- delivering (broker -> client) --------------------------------------
+
+    def _deliver(self, consumer: Consumer, entry: Entry, tag: int) -> None:
+        message = entry.message
+        client = self.client
+        topic = canonical_to_topic(message.destination)
+        via = entry.via
+        if isinstance(via, RetainedVia):
+            options = (via.options,)
+            retain = True
+        else:
+            if via is None:
+                options = ()
+            elif isinstance(via, tuple):
+                options = tuple(self._options(consumer, s) for s in via)
+            else:
+                options = (self._options(consumer, via),)
+            retain = bool(message.headers.get(RETAIN_HEADER)) and any(o.get("rap") for o in options)
+        granted = max((o.get("qos", 0) for o in options), default=0)
+        qos = min(message_qos(message), granted)
+        if topic is None or client is None:
+            self.conn.ack(consumer, tag)  # not expressible in MQTT: count it as delivered
+            return
+        properties = self._properties(message, options) if self.level == 5 else None
+        pid = None
+        if qos:
+            if entry.redeliveries:
+                pid = client.ids_by_seq.get(entry.seq)
+            if pid is None or pid in client.outbound:
+                pid = client.allocate_id()
+        if properties is not None and self.peer_alias_max:
+            topic = self._alias(topic, properties)
+        data = mq.encode_publish(topic, message.body, qos, retain, bool(qos and entry.redeliveries), pid, properties, self.level)
+        if len(data) > self.peer_max_packet:
+            # MQTT-3.1.2-25: too large for the client: discard as if delivered.
+            self.conn.ack(consumer, tag)
+            return
+        self._write(data)
+        if qos:
+            client.outbound[pid] = Inflight(consumer, tag, entry.seq)  # type: ignore[index]
+            client.ids_by_seq[entry.seq] = pid  # type: ignore[assignment]
+        else:
+            self.conn.ack(consumer, tag)
+
+    def _options(self, consumer: Consumer, sub: Subscription) -> dict:
+        if sub.options is not None:
+            return sub.options
+        # A shared subscription's queue is common; the options are this member's.
+        for mqtt_filter, member in self.shared_consumers.items():
+            if member is consumer:
+                return self.client.filters.get(mqtt_filter, {})  # type: ignore[union-attr]
+        return {}
+
+    def _properties(self, message: Message, options: tuple[dict, ...]) -> dict:
+        props: dict[str, Any] = {}
+        users = [(k, v) for k, v in message.headers.items() if not k.startswith(_INTERNAL_PREFIX)]
+        if users:
+            props["user_properties"] = users
+        if message.content_type is not None:
+            props["content_type"] = message.content_type
+        if message.reply_to is not None:
+            response = canonical_to_topic(message.reply_to)
+            if response:
+                props["response_topic"] = response
+        if message.correlation_id is not None:
+            props["correlation_data"] = message.correlation_id.encode("utf-8", "surrogateescape")
+        if message.headers.get(FORMAT_HEADER) == "1":
+            props["payload_format_indicator"] = 1
+        if message.expiration:
+            remaining = -(-(message.expiration - self.broker.now_ms()) // 1000)
+            props["message_expiry_interval"] = max(1, remaining)
+        ids = [o["id"] for o in options if o.get("id")]
+        if ids:
+            props["subscription_identifier"] = ids
+        return props
+
+    def _alias(self, topic: str, properties: dict) -> str:
+        alias = self.out_aliases.get(topic)
+        if alias is not None:
+            properties["topic_alias"] = alias
+            return ""
+        if len(self.out_aliases) < self.peer_alias_max:
+            alias = self.out_aliases[topic] = len(self.out_aliases) + 1
+            properties["topic_alias"] = alias
+        return topic
+
+    def _on_puback(self, packet: mq.Puback) -> None:
+        inflight = self.client.outbound.pop(packet.packet_id, None)  # type: ignore[union-attr]
+        if inflight is not None:
+            self.client.ids_by_seq.pop(inflight.seq, None)  # type: ignore[union-attr]
+            self._settle(inflight)
+
+    def _on_pubrec(self, packet: mq.Pubrec) -> None:
+        inflight = self.client.outbound.pop(packet.packet_id, None)  # type: ignore[union-attr]
+        if inflight is not None:
+            self.client.ids_by_seq.pop(inflight.seq, None)  # type: ignore[union-attr]
+            # The client has it; from here only the PUBREL/PUBCOMP handshake remains.
+            self._settle(inflight)
+        if packet.reason_code >= 0x80:
+            return
+        self.client.released.add(packet.packet_id)  # type: ignore[union-attr]
+        self._send(mq.Pubrel(packet.packet_id, 0 if inflight is not None or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+
+    def _on_pubcomp(self, packet: mq.Pubcomp) -> None:
+        self.client.released.discard(packet.packet_id)  # type: ignore[union-attr]
+
+    def _settle(self, inflight: Inflight) -> None:
+        if inflight.consumer.closed:
+            return
+        try:
+            self.conn.ack(inflight.consumer, inflight.tag)
+        except BrokerError:
+            pass  # already settled (e.g. redelivered after a takeover)
+
+    # -- subscriptions -------------------------------------------------------
+
+    def _on_subscribe(self, packet: mq.Subscribe) -> None:
+        client = self.client
+        sub_id = packet.properties.get("subscription_identifier") if self.level == 5 else None
+        codes = []
+        retained: list[Entry] = []
+        for request in packet.subscriptions:
+            codes.append(self._subscribe_one(client, request, sub_id, retained))  # type: ignore[arg-type]
+        self._send(mq.Suback(packet.packet_id, codes))
+        # Retained messages follow the SUBACK, through the queue like any delivery (flow control, QoS).
+        for entry in retained:
+            client.queue.enqueue(entry)  # type: ignore[union-attr]
+
+    def _subscribe_one(
+        self, client: ClientSession, request: mq.SubscriptionRequest, sub_id: int | None, retained: list[Entry],
+    ) -> int:
+        mqtt_filter = request.topic_filter
+        try:
+            group, inner = split_shared(mqtt_filter)
+            canonical = filter_to_canonical(inner)
+        except InvalidTopic as exc:
+            log.info("[{label}] SUBSCRIBE {f!r} refused: {why}", label=self.label, f=mqtt_filter, why=str(exc))
+            return ReasonCode.TOPIC_FILTER_INVALID if self.level == 5 else 0x80
+        if group is not None and request.no_local and self.level == 5:
+            raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
+        existed = mqtt_filter in client.filters
+        if not existed and len(client.filters) >= self.settings.max_subscriptions:
+            return ReasonCode.QUOTA_EXCEEDED if self.level == 5 else 0x80
+        options = {"qos": request.qos, "nl": request.no_local, "rap": request.retain_as_published, "rh": request.retain_handling}
+        if sub_id:
+            options["id"] = sub_id
+        client.filters[mqtt_filter] = options
+        if group is not None:
+            if not existed:
+                client.shared[mqtt_filter] = (group, canonical)
+                self._join_shared(mqtt_filter, group, canonical)
+            return request.qos
+        broker = self.broker
+        if client.durable:
+            sub = broker.durable_subscription(
+                f"{self.hub.queue_key(client.client_id)}\x1f{mqtt_filter}", canonical, None, None, request.no_local,
+                queue_key=self.hub.queue_key(client.client_id), options=options,
+            )
+        else:
+            old = client.subs.get(mqtt_filter)
+            if old is not None:
+                old.options = options
+                sub = old
+            else:
+                sub = broker.add_subscription(client.queue, canonical, no_local=request.no_local, options=options)
+        sub.owner_id = client.client_id
+        client.subs[mqtt_filter] = sub
+        if request.retain_handling == 0 or (request.retain_handling == 1 and not existed):
+            for message in broker.retained_for(canonical):
+                if request.no_local and message.origin == client.client_id:
+                    continue
+                retained.append(Entry(message, broker.next_seq(), via=RetainedVia(options)))
+        return request.qos
+
+    def _join_shared(self, mqtt_filter: str, group: str, canonical: str) -> None:
+        sub = self.broker.shared_subscription(group, canonical)
+        prefetch = min(self.peer_receive_maximum, self.settings.max_inflight)
+        self.shared_consumers[mqtt_filter] = self.conn.consume(
+            sub.queue, self._deliver, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=prefetch,
+        )
+
+    def _leave_shared(self, mqtt_filter: str, group: str, canonical: str) -> None:
+        consumer = self.shared_consumers.pop(mqtt_filter, None)
+        if consumer is not None:
+            self.conn.unsubscribe(consumer)
+            self.broker.leave_shared(group, canonical)
+
+    def _on_unsubscribe(self, packet: mq.Unsubscribe) -> None:
+        client = self.client
+        codes = []
+        for mqtt_filter in packet.topic_filters:
+            options = client.filters.pop(mqtt_filter, None)  # type: ignore[union-attr]
+            if options is None:
+                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+                continue
+            shared = client.shared.pop(mqtt_filter, None)  # type: ignore[union-attr]
+            if shared is not None:
+                self._leave_shared(mqtt_filter, *shared)
+            sub = client.subs.pop(mqtt_filter, None)  # type: ignore[union-attr]
+            if sub is not None:
+                if sub.durable_key is not None:
+                    self.broker.remove_durable(sub.durable_key)
+                else:
+                    self.broker.remove_subscription(sub)
+            codes.append(0)
+        self._send(mq.Unsuback(packet.packet_id, codes))
+
+    # -- the rest of the protocol ----------------------------------------------
+
+    def _on_pingreq(self, packet: mq.Pingreq) -> None:
+        self._send(mq.Pingresp())
+
+    def _on_connect_again(self, packet: mq.Connect) -> None:
+        raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, "a second CONNECT")
+
+    def _on_disconnect(self, packet: mq.Disconnect) -> None:
+        client = self.client
+        if self.level == 5:
+            new_expiry = packet.properties.get("session_expiry_interval")
+            if new_expiry is not None:
+                if client.expiry == 0 and new_expiry:  # type: ignore[union-attr]
+                    raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0 at CONNECT")
+                client.expiry = new_expiry  # type: ignore[union-attr]
+            if packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+                self._close()
+                return
+        self.normal_disconnect = True
+        self.will = None
+        self._close()
+
+    def _on_auth(self, packet: mq.Auth) -> None:
+        raise MqttProtocolError(ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not configured")
+
+    _handlers = {
+        mq.Publish: _on_publish,
+        mq.Puback: _on_puback,
+        mq.Pubrec: _on_pubrec,
+        mq.Pubrel: _on_pubrel,
+        mq.Pubcomp: _on_pubcomp,
+        mq.Subscribe: _on_subscribe,
+        mq.Unsubscribe: _on_unsubscribe,
+        mq.Pingreq: _on_pingreq,
+        mq.Disconnect: _on_disconnect,
+        mq.Connect: _on_connect_again,
+        mq.Auth: _on_auth,
+    }
+
+    # -- output and teardown ---------------------------------------------------
+
+    def _send(self, packet: Any) -> None:
+        self._write(mq.encode(packet, self.level))
+
+    def _write(self, data: bytes) -> None:
+        if not self.closed:
+            self.transport.write(data)
+
+    def _protocol_error(self, reason: int, why: str, exc: MqttProtocolError | None = None) -> None:
+        log.info("[{label}] protocol error: {why}", label=self.label, why=why)
+        if self.client is None:
+            # Errors in or before CONNECT: a CONNACK where the client's version has one.
+            level = getattr(exc, "protocol_level", None) or self.decoder.level
+            return_code = getattr(exc, "connack_return_code", None)
+            if level == 5:
+                self.level = 5
+                self._send(mq.Connack(False, reason, {"reason_string": why}))
+            elif return_code is not None:
+                self.level = level or 4
+                self._send(mq.Connack(False, return_code))
+            self._close()
+            return
+        self._server_disconnect(reason, why)
+
+    def _server_disconnect(self, reason: int, why: str) -> None:
+        """5.0 gets a DISCONNECT with the reason; 3.x just a closed socket (it has no server DISCONNECT)."""
+        if self.level == 5 and not self.closed:
+            props = {"reason_string": why} if self.problem_information else {}
+            self._send(mq.Disconnect(reason, props))
+        self._close()
+
+    def shutdown(self) -> None:
+        if not self.closed:
+            self._server_disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "the broker is shutting down")
+
+    def take_over(self) -> None:
+        """Another connection claims this client id (MQTT-3.1.4-3)."""
+        self._server_disconnect(ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self._release()
+        self.transport.close()
+
+    def _release(self) -> None:
+        self.closed = True
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        for mqtt_filter, (group, canonical) in list((self.client.shared if self.client else {}).items()):
+            self._leave_shared(mqtt_filter, group, canonical)
+        if self.conn is not None:
+            self.conn.close()  # unacked deliveries go back to the session queue
+        if self.client is not None:
+            self.client.outbound.clear()
+            self.hub.detach(self, self.will, self.level)
+
+    def connection_lost(self) -> None:
+        if not self.closed:
+            log.info("[{label}] connection lost", label=self.label)
+        self._release()
+
+    def pause_producing(self) -> None:
+        if self.conn is not None:
+            self.conn.pause()
+
+    def resume_producing(self) -> None:
+        if self.conn is not None and not self.closed:
+            self.conn.resume()
