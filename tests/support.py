@@ -250,3 +250,157 @@ class RawStomp:
 
     def close(self) -> None:
         self.sock.close()
+
+
+# -- MQTT (paho-mqtt 2.x, callback API version 2) ---------------------------------
+
+
+class MqttCollector:
+    """What a paho client receives, with waits that fail loudly."""
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = []
+        self.connacks: list[tuple[Any, Any, Any]] = []  # (flags, reason_code, properties)
+        self.subacks: list[list[Any]] = []
+        self.disconnects: list[Any] = []  # reason codes
+        self._cond = threading.Condition()
+
+    def _add(self, name: str, item: Any) -> None:
+        with self._cond:
+            getattr(self, name).append(item)
+            self._cond.notify_all()
+
+    def on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        self._add("messages", message)
+
+    def on_connect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        self._add("connacks", (flags, reason_code, properties))
+
+    def on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        self._add("subacks", list(reason_codes))
+
+    def on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
+        self._add("disconnects", reason_code)
+
+    def wait_for(self, count: int, timeout: float = 5.0, what: str = "messages") -> list[Any]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(getattr(self, what)) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"expected {count} {what}, got {len(getattr(self, what))}")
+                self._cond.wait(left)
+            return list(getattr(self, what))
+
+    def settle(self, quiet: float = 0.3) -> list[Any]:
+        last = -1
+        while True:
+            with self._cond:
+                n = len(self.messages)
+            if n == last:
+                return list(self.messages)
+            last = n
+            time.sleep(quiet)
+
+    def payloads(self) -> list[bytes]:
+        with self._cond:
+            return [m.payload for m in self.messages]
+
+
+def mqtt_connect(
+    handle: BrokerHandle, client_id: str = "", version: int = 4, clean: bool = True,
+    properties: Any = None, will: tuple | None = None, keepalive: int = 60, wait: bool = True, **kwargs: Any,
+) -> tuple[Any, MqttCollector]:
+    """A started paho client (network loop in its thread). version: 3 (3.1), 4 (3.1.1) or 5.
+
+    ``will`` is (topic, payload, qos, retain[, properties]).  For version 5, ``clean`` is
+    clean_start; set the session expiry through ``properties``.
+    """
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    protocol = {3: mqtt.MQTTv31, 4: mqtt.MQTTv311, 5: mqtt.MQTTv5}[version]
+    if version == 5:
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, **kwargs)
+    else:
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=clean, **kwargs)
+    collector = MqttCollector()
+    for name in ("on_message", "on_connect", "on_subscribe", "on_disconnect"):
+        setattr(client, name, getattr(collector, name))
+    if will is not None:
+        topic, payload, qos, retain, *rest = will
+        client.will_set(topic, payload, qos, retain, properties=rest[0] if rest else None)
+    if version == 5:
+        client.connect(handle.host, handle.mqtt_port, keepalive, clean_start=clean, properties=properties)
+    else:
+        client.connect(handle.host, handle.mqtt_port, keepalive)
+    client.loop_start()
+    if wait:
+        collector.wait_for(1, what="connacks")
+    return client, collector
+
+
+def mqtt_close(client: Any) -> None:
+    """A clean DISCONNECT, then stop the network thread."""
+    try:
+        client.disconnect()
+    finally:
+        client.loop_stop()
+
+
+class RawMqtt:
+    """A plain socket speaking MQTT bytes, for bad-input tests (our codec reads the broker's replies)."""
+
+    def __init__(self, handle: BrokerHandle, level: int = 4) -> None:
+        from protocols.mqtt.codec import MqttDecoder
+
+        self.sock = socket.create_connection((handle.host, handle.mqtt_port), timeout=5)
+        self.decoder = MqttDecoder(level=level, server=False)
+        self.packets: list[Any] = []
+        self.level = level
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def packet(self, packet: Any) -> None:
+        from protocols.mqtt.codec import encode
+
+        self.send(encode(packet, self.level))
+
+    def connect(self, client_id: str = "raw", clean: bool = True, keep_alive: int = 60, properties: dict | None = None) -> Any:
+        from protocols.mqtt.codec import Connect
+
+        name = "MQIsdp" if self.level == 3 else "MQTT"
+        self.packet(Connect(name, self.level, clean, keep_alive, client_id, properties=properties or {}))
+        return self.read()
+
+    def read(self, timeout: float = 5.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while not self.packets:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("no packet from the broker in time")
+            self.sock.settimeout(left)
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            self.packets.extend(self.decoder.feed(data))
+        return self.packets.pop(0)
+
+    def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                return False
+            except ConnectionResetError:
+                return True
+            if not data:
+                return True
+            self.packets.extend(self.decoder.feed(data))
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
