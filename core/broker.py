@@ -367,12 +367,15 @@ class Broker:
         if existing is not None:
             same = (
                 existing.destination == destination and _selector_text(existing) == (selector_text or None)
-                and existing.no_local == no_local and existing.queue is self.durable_queues.get(queue_key)
+                and existing.queue is self.durable_queues.get(queue_key)
             )
-            if same and existing.options == options:
+            if same and existing.options == options and existing.no_local == no_local:
                 return existing
             if same:
-                existing.options = options  # new QoS or retain options: same messages, new record
+                # Same messages, other delivery options (MQTT QoS, no local, retain
+                # handling): update in place, keeping what the subscription holds.
+                existing.options = options
+                existing.no_local = no_local
                 self._save_durable(key, existing, queue_key, selector_text)
                 return existing
             if existing.queue.consumers:

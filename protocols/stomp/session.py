@@ -113,6 +113,8 @@ class StompSession:
         self._last_write = 0.0
         self._timer: Any = None
         self.label = remote
+        # Why the session ended, for transports that can say (WebSocket close codes).
+        self.close_reason = "normal"
         self._connect_timer: Any = None
         if settings.connect_timeout > 0:
             self._connect_timer = broker.clock.callLater(settings.connect_timeout, self._connect_timed_out)
@@ -284,8 +286,13 @@ class StompSession:
         delay = _int_header(h, "AMQ_SCHEDULED_DELAY", 0, 0, _MAX_DELAY_MS)
         group_seq = _int_header(h, "JMSXGroupSeq", 0, -1, _INT64_MAX)
         reply_to = h.get("reply-to")
-        if reply_to is not None and reply_to.startswith("/temp-queue/"):
-            reply_to = names.from_canonical(names.to_canonical(reply_to, self.conn.temp_queue))  # type: ignore[union-attr]
+        if reply_to is not None:
+            # The core keeps reply-to in canonical form so every protocol can name it
+            # (MQTT's response topic); a value that is no destination passes as it is.
+            try:
+                reply_to = names.to_canonical(reply_to, self.conn.temp_queue)  # type: ignore[union-attr]
+            except BrokerError:
+                pass
         custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL}
         message = Message(
             broker.new_message_id(), destination, frame.body, custom,
@@ -386,7 +393,7 @@ class StompSession:
             if message.correlation_id is not None:
                 headers.append(("correlation-id", message.correlation_id))
             if message.reply_to is not None:
-                headers.append(("reply-to", message.reply_to))
+                headers.append(("reply-to", names.from_canonical(message.reply_to)))
             if message.group_id is not None:
                 headers.append(("JMSXGroupID", message.group_id))
                 headers.append(("JMSXGroupSeq", str(message.group_seq)))
@@ -478,6 +485,8 @@ class StompSession:
             self.transport.write(data)
 
     def _fail(self, message: str, detail: str = "", receipt: str | None = None) -> None:
+        if self.close_reason == "normal":
+            self.close_reason = "error"
         log.info("[{label}] protocol error: {message}", label=self.label, message=message)
         message = message.replace("\r", " ").replace("\n", " ")
         headers = [("message", message), ("content-type", "text/plain")]
@@ -491,6 +500,7 @@ class StompSession:
     def shutdown(self, reason: str = "Broker shutting down") -> None:
         """The broker is stopping: tell the client why, then close."""
         if not self.closed:
+            self.close_reason = "shutdown"
             self._fail(reason, "the broker is shutting down; reconnect later")
 
     def _close(self) -> None:
