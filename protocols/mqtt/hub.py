@@ -18,6 +18,7 @@ from protocols.mqtt import codec as mq
 from protocols.mqtt.names import InvalidTopic, filter_to_canonical, topic_to_canonical
 from protocols.mqtt.session import (
     NEVER_EXPIRES,
+    AwayFilter,
     ClientSession,
     MqttSession,
     MqttSettings,
@@ -71,6 +72,9 @@ class MqttHub:
                 timer.cancel()  # back in time: neither the session nor a delayed will ends
         client.expiry_timer = client.will_timer = None
         client.pending_will = None
+        for sub in client.subs.values():
+            if isinstance(sub.selector, AwayFilter):
+                sub.selector = None  # back: QoS 0 messages are delivered again
         client.expiry = expiry
         client.live = session
         self.live.add(session)
@@ -107,7 +111,11 @@ class MqttHub:
                 self.publish_will(will)
         if client.expiry == 0:
             self._end(client)
-        elif client.expiry != NEVER_EXPIRES:
+            return
+        # Away: keep only what will be delivered at QoS 1 or 2 (see AwayFilter).
+        for sub in client.subs.values():
+            sub.selector = AwayFilter((sub.options or {}).get("qos", 0))
+        if client.expiry != NEVER_EXPIRES:
             client.expiry_timer = self.broker.clock.callLater(client.expiry, self._expired, client)
 
     def _will_due(self, client: ClientSession, will: mq.Will) -> None:

@@ -15,11 +15,13 @@ QoS (MQTT 3.1.1 3.3.5), carrying every matching subscription identifier (5.0).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.logger import Logger
 
+from core import destination as dest
 from core.consumer import AckMode, Consumer
 from core.entry import Entry
 from core.errors import BrokerError
@@ -46,6 +48,8 @@ log = Logger(namespace="gateway.mqtt")
 QOS_HEADER = "mqtt-qos"
 RETAIN_HEADER = "mqtt-retain"
 FORMAT_HEADER = "mqtt-payload-format"
+# Only when a name repeats: the full list in order, since headers hold one value per name.
+USER_PROPERTIES_HEADER = "mqtt-user-properties"
 _INTERNAL_PREFIX = "mqtt-"
 
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -103,7 +107,9 @@ class ClientSession:
         self.subs: dict[str, Subscription] = {}
         self.shared: dict[str, tuple[str, str]] = {}  # filter -> (group, canonical filter)
         self.outbound: dict[int, Inflight] = {}       # packet id -> PUBLISH awaiting PUBACK/PUBREC
-        self.released: set[int] = set()               # PUBREL sent, awaiting PUBCOMP
+        # PUBREL sent, awaiting PUBCOMP: the delivery, held until PUBCOMP so it
+        # keeps its receive-maximum slot (MQTT 5 4.9); None once its connection is gone.
+        self.released: dict[int, Inflight | None] = {}
         self.inbound_qos2: set[int] = set()           # PUBREC sent, awaiting PUBREL
         self.ids_by_seq: dict[int, int] = {}          # message -> packet id it was first sent with
         self.next_id = 1
@@ -125,8 +131,11 @@ class ClientSession:
 def build_message(broker: Any, destination: str, payload: bytes, qos: int, retain: bool, props: dict) -> Message:
     """A core message from a PUBLISH or a will: MQTT 5 properties become the common fields and headers."""
     headers: dict[str, str] = {}
-    for key, value in props.get("user_properties", ()):
+    users = props.get("user_properties", ())
+    for key, value in users:
         headers.setdefault(key, value)
+    if len(headers) < len(users):
+        headers[USER_PROPERTIES_HEADER] = json.dumps(users)
     headers[QOS_HEADER] = str(qos)
     if retain:
         headers[RETAIN_HEADER] = "1"
@@ -153,6 +162,30 @@ def message_qos(message: Message) -> int:
     if text is not None:
         return 2 if text == "2" else 1 if text == "1" else 0
     return 1 if message.persistent else 0
+
+
+class AwayFilter:
+    """Stands in as the selector of a persistent session's subscription while its client is away.
+
+    It lets through only what would be delivered at QoS 1 or 2 (the lower of the
+    published and the granted QoS), so QoS 0 messages are not queued for an absent
+    client (Mosquitto's default, ``queue_qos0_messages false``) and cannot pile up
+    in memory while it is gone.  Being a selector, it drops them before they reach
+    the session queue; the hub puts it in place on detach and removes it on attach.
+    """
+
+    __slots__ = ("granted",)
+
+    def __init__(self, granted: int) -> None:
+        self.granted = granted
+
+    def matches(self, lookup: Any) -> bool:
+        if not self.granted:
+            return False
+        qos = lookup(QOS_HEADER)
+        if qos is None:
+            return lookup("JMSDeliveryMode") == "PERSISTENT"  # STOMP: persistent counts as QoS 1
+        return qos in ("1", "2")
 
 
 class MqttSession:
@@ -182,6 +215,13 @@ class MqttSession:
         self.out_aliases: dict[str, int] = {}
         self.problem_information = True
         self.normal_disconnect = False
+        # QoS 1/2 deliveries unfinished on this connection, across all its consumers:
+        # the client's receive maximum bounds them all together.
+        self._inflight = 0
+        self._send_quota = self.settings.max_inflight
+        self._transport_paused = False
+        # Why the session ended, for transports that can say (WebSocket close codes).
+        self.close_reason = "normal"
 
     # -- input ------------------------------------------------------------
 
@@ -236,6 +276,10 @@ class MqttSession:
         client_id = packet.client_id
         assigned = None
         if not client_id:
+            if self.level == 3:
+                # MQTT 3.1 (3.1 spec, CONNECT payload) has no assigned ids: 1-23 characters, or return code 2.
+                self._refuse(0x02, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 client ids are 1-23 characters")
+                return
             if self.level < 5 and not packet.clean_start:
                 self._refuse(0x02, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "an empty client id needs a clean session")
                 return
@@ -288,7 +332,7 @@ class MqttSession:
 
         for pid in sorted(client.released):
             self._send(mq.Pubrel(pid))
-        prefetch = min(self.peer_receive_maximum, self.settings.max_inflight)
+        self._send_quota = prefetch = min(self.peer_receive_maximum, self.settings.max_inflight)
         self.consumer = self.conn.consume(client.queue, self._deliver, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=prefetch)
         for mqtt_filter, (group, canonical) in client.shared.items():
             self._join_shared(mqtt_filter, group, canonical)
@@ -398,7 +442,7 @@ class MqttSession:
             retain = True
         else:
             if via is None:
-                options = ()
+                options = self._recovered_options(message)
             elif isinstance(via, tuple):
                 options = tuple(self._options(consumer, s) for s in via)
             else:
@@ -416,19 +460,39 @@ class MqttSession:
                 pid = client.ids_by_seq.get(entry.seq)
             if pid is None or pid in client.outbound:
                 pid = client.allocate_id()
+        new_alias = None
         if properties is not None and self.peer_alias_max:
-            topic = self._alias(topic, properties)
+            topic, new_alias = self._alias(topic, properties)
         data = mq.encode_publish(topic, message.body, qos, retain, bool(qos and entry.redeliveries), pid, properties, self.level)
         if len(data) > self.peer_max_packet:
-            # MQTT-3.1.2-25: too large for the client: discard as if delivered.
+            # MQTT-3.1.2-25: too large for the client: discard as if delivered,
+            # and do not keep an alias the client never learned.
+            if new_alias is not None:
+                del self.out_aliases[new_alias]
             self.conn.ack(consumer, tag)
             return
         self._write(data)
         if qos:
             client.outbound[pid] = Inflight(consumer, tag, entry.seq)  # type: ignore[index]
             client.ids_by_seq[entry.seq] = pid  # type: ignore[assignment]
+            self._inflight += 1
+            if self._inflight >= self._send_quota:
+                self._update_flow()
         else:
             self.conn.ack(consumer, tag)
+
+    def _recovered_options(self, message: Message) -> tuple[dict, ...]:
+        """The options of this client's filters that match a message whose entry has no ``via``.
+
+        Entries rebuilt from the store after a restart do not say which
+        subscription matched them; without this they would go out at QoS 0
+        (acknowledged at once, so a crash of the client loses them).
+        """
+        client = self.client
+        if client is None:
+            return ()
+        levels = dest.topic_levels(dest.name_of(message.destination))
+        return tuple(sub.options or {} for sub in client.subs.values() if filter_matches(sub.levels, levels))
 
     def _options(self, consumer: Consumer, sub: Subscription) -> dict:
         if sub.options is not None:
@@ -441,7 +505,11 @@ class MqttSession:
 
     def _properties(self, message: Message, options: tuple[dict, ...]) -> dict:
         props: dict[str, Any] = {}
-        users = [(k, v) for k, v in message.headers.items() if not k.startswith(_INTERNAL_PREFIX)]
+        every = message.headers.get(USER_PROPERTIES_HEADER)
+        if every is not None:
+            users = [(k, v) for k, v in json.loads(every)]
+        else:
+            users = [(k, v) for k, v in message.headers.items() if not k.startswith(_INTERNAL_PREFIX)]
         if users:
             props["user_properties"] = users
         if message.content_type is not None:
@@ -462,35 +530,49 @@ class MqttSession:
             props["subscription_identifier"] = ids
         return props
 
-    def _alias(self, topic: str, properties: dict) -> str:
+    def _alias(self, topic: str, properties: dict) -> tuple[str, str | None]:
+        """The topic to send (empty once aliased) and the topic newly given an alias, if any."""
         alias = self.out_aliases.get(topic)
         if alias is not None:
             properties["topic_alias"] = alias
-            return ""
+            return "", None
         if len(self.out_aliases) < self.peer_alias_max:
             alias = self.out_aliases[topic] = len(self.out_aliases) + 1
             properties["topic_alias"] = alias
-        return topic
+            return topic, topic
+        return topic, None
 
     def _on_puback(self, packet: mq.Puback) -> None:
         inflight = self.client.outbound.pop(packet.packet_id, None)  # type: ignore[union-attr]
         if inflight is not None:
             self.client.ids_by_seq.pop(inflight.seq, None)  # type: ignore[union-attr]
-            self._settle(inflight)
+            self._finish(inflight)
 
     def _on_pubrec(self, packet: mq.Pubrec) -> None:
-        inflight = self.client.outbound.pop(packet.packet_id, None)  # type: ignore[union-attr]
+        client = self.client
+        inflight = client.outbound.pop(packet.packet_id, None)  # type: ignore[union-attr]
         if inflight is not None:
-            self.client.ids_by_seq.pop(inflight.seq, None)  # type: ignore[union-attr]
-            # The client has it; from here only the PUBREL/PUBCOMP handshake remains.
-            self._settle(inflight)
+            client.ids_by_seq.pop(inflight.seq, None)  # type: ignore[union-attr]
         if packet.reason_code >= 0x80:
+            if inflight is not None:
+                self._finish(inflight)  # the client refused it: the flow ends here
             return
-        self.client.released.add(packet.packet_id)  # type: ignore[union-attr]
+        # The client has it; only PUBREL/PUBCOMP remain, and the slot stays taken until PUBCOMP.
+        if inflight is not None or packet.packet_id not in client.released:  # type: ignore[union-attr]
+            client.released[packet.packet_id] = inflight  # type: ignore[union-attr]
         self._send(mq.Pubrel(packet.packet_id, 0 if inflight is not None or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
     def _on_pubcomp(self, packet: mq.Pubcomp) -> None:
-        self.client.released.discard(packet.packet_id)  # type: ignore[union-attr]
+        inflight = self.client.released.pop(packet.packet_id, None)  # type: ignore[union-attr]
+        if inflight is not None:
+            self._finish(inflight)
+
+    def _finish(self, inflight: Inflight) -> None:
+        """A QoS 1/2 flow completed: settle it in the core and give its slot back."""
+        self._inflight -= 1
+        self._settle(inflight)
+        if self._inflight < self._send_quota:
+            self._update_flow()
 
     def _settle(self, inflight: Inflight) -> None:
         if inflight.consumer.closed:
@@ -499,6 +581,17 @@ class MqttSession:
             self.conn.ack(inflight.consumer, inflight.tag)
         except BrokerError:
             pass  # already settled (e.g. redelivered after a takeover)
+
+    def _update_flow(self) -> None:
+        """Deliveries stop while the socket is full or the client's receive maximum is reached."""
+        conn = self.conn
+        if conn is None or self.closed:
+            return
+        stop = self._transport_paused or self._inflight >= self._send_quota
+        if stop and conn.writable:
+            conn.pause()
+        elif not stop and not conn.writable:
+            conn.resume()
 
     # -- subscriptions -------------------------------------------------------
 
@@ -644,6 +737,8 @@ class MqttSession:
 
     def _protocol_error(self, reason: int, why: str, exc: MqttProtocolError | None = None) -> None:
         log.info("[{label}] protocol error: {why}", label=self.label, why=why)
+        if self.close_reason == "normal":
+            self.close_reason = "error"
         if self.client is None:
             # Errors in or before CONNECT: a CONNACK where the client's version has one.
             level = getattr(exc, "protocol_level", None) or self.decoder.level
@@ -652,7 +747,9 @@ class MqttSession:
                 self.level = 5
                 self._send(mq.Connack(False, reason, {"reason_string": why}))
             elif return_code is not None:
-                self.level = level or 4
+                # An unsupported level (say 6) has no encoding of its own: answer in the
+                # 3.1.1 layout, where return code 1 says "unacceptable protocol version".
+                self.level = level if level in (3, 4) else 4
                 self._send(mq.Connack(False, return_code))
             self._close()
             return
@@ -667,6 +764,7 @@ class MqttSession:
 
     def shutdown(self) -> None:
         if not self.closed:
+            self.close_reason = "shutdown"
             self._server_disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "the broker is shutting down")
 
     def take_over(self) -> None:
@@ -684,6 +782,13 @@ class MqttSession:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+        if self.client is not None:
+            # Released QoS 2 deliveries are the client's: settle them, keep only
+            # their packet ids for the PUBREL a reconnect will get.
+            for pid, inflight in list(self.client.released.items()):
+                if inflight is not None:
+                    self._settle(inflight)
+                    self.client.released[pid] = None
         for mqtt_filter, (group, canonical) in list((self.client.shared if self.client else {}).items()):
             self._leave_shared(mqtt_filter, group, canonical)
         if self.conn is not None:
@@ -693,14 +798,21 @@ class MqttSession:
             self.hub.detach(self, self.will, self.level)
 
     def connection_lost(self) -> None:
-        if not self.closed:
-            log.info("[{label}] connection lost", label=self.label)
+        """The socket is gone; after our own close (takeover, DISCONNECT, error) there is nothing left to do.
+
+        Releasing twice would be harmful, not idle: after a takeover the client
+        session already belongs to the new connection, and clearing its
+        ``outbound`` would make the broker ignore the new connection's PUBACKs.
+        """
+        if self.closed:
+            return
+        log.info("[{label}] connection lost", label=self.label)
         self._release()
 
     def pause_producing(self) -> None:
-        if self.conn is not None:
-            self.conn.pause()
+        self._transport_paused = True
+        self._update_flow()
 
     def resume_producing(self) -> None:
-        if self.conn is not None and not self.closed:
-            self.conn.resume()
+        self._transport_paused = False
+        self._update_flow()
