@@ -19,12 +19,13 @@ from gateway import config as configuration
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="STOMP/MQTT/WebSocket message broker")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run the broker (embedded default: STOMP on 127.0.0.1:61613, MQTT on 1883, data in ./data)")
+    run = commands.add_parser("run", help="run the broker (embedded default: STOMP on 127.0.0.1:61613, MQTT on 1883, WebSocket on 61614, data in ./data)")
     run.add_argument("--config", metavar="FILE", help="TOML configuration file")
     run.add_argument("--host", help="address every listener binds to (default 127.0.0.1)")
     run.add_argument("--data-dir", metavar="DIR", help="data directory (default ./data)")
     run.add_argument("--stomp-port", type=int, metavar="N", help="STOMP over TCP port (default 61613, 0 disables)")
     run.add_argument("--mqtt-port", type=int, metavar="N", help="MQTT over TCP port (default 1883, 0 disables)")
+    run.add_argument("--ws-port", type=int, metavar="N", help="WebSocket port, STOMP and MQTT (default 61614, 0 disables)")
     run.add_argument("--log-level", choices=configuration.LOG_LEVELS, help="default info")
     return parser
 
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = configuration.load(args.config, {
             "host": args.host, "data_dir": args.data_dir, "stomp_port": args.stomp_port,
-            "mqtt_port": args.mqtt_port, "log_level": args.log_level,
+            "mqtt_port": args.mqtt_port, "ws_port": args.ws_port, "log_level": args.log_level,
         })
     except configuration.ConfigError as exc:
         print(f"gateway: configuration error: {exc}", file=sys.stderr)

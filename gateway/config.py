@@ -17,6 +17,7 @@ from protocols.mqtt.names import filter_to_canonical
 from protocols.mqtt.session import MqttSettings
 from protocols.stomp.codec import StompLimits
 from protocols.stomp.session import StompSettings
+from protocols.websocket import WebSocketSettings
 
 
 class ConfigError(ValueError):
@@ -39,6 +40,8 @@ class Config:
     stomp_settings: StompSettings = field(default_factory=StompSettings)
     mqtt: ListenerConfig = field(default_factory=lambda: ListenerConfig(1883))
     mqtt_settings: MqttSettings = field(default_factory=MqttSettings)
+    ws: ListenerConfig = field(default_factory=lambda: ListenerConfig(61614))
+    ws_settings: WebSocketSettings = field(default_factory=WebSocketSettings)
     # Seconds between $SYS figure updates (0: none), as Mosquitto's sys_interval.
     sys_interval: float = 10.0
     policy: Policy = field(default_factory=Policy)
@@ -84,7 +87,7 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
     for key, value in (overrides or {}).items():
         if value is None:
             continue
-        if key in ("stomp_port", "mqtt_port"):
+        if key in ("stomp_port", "mqtt_port", "ws_port"):
             getattr(config, key[:-5]).port = value
         else:
             setattr(config, key, value)
@@ -110,6 +113,11 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
             rest = {k: v for k, v in values.items() if k not in listener}
             _apply(config.mqtt, listener, "mqtt")
             _apply(config.mqtt_settings, rest, "mqtt")
+        elif section == "websocket":
+            listener = {k: values[k] for k in ("port", "host") if k in values}
+            rest = {k: v for k, v in values.items() if k not in listener}
+            _apply(config.ws, listener, "websocket")
+            _apply(config.ws_settings, rest, "websocket")
         elif section == "policy":
             _apply(config.policy, values, "policy")
         else:
@@ -119,7 +127,7 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
 def validate(config: Config) -> None:
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
-    for name in ("stomp", "mqtt"):
+    for name in ("stomp", "mqtt", "ws"):
         listener: ListenerConfig = getattr(config, name)
         if not 0 <= listener.port <= 65535:
             raise ConfigError(f"{name} port must be 0-65535 (0 disables), got {listener.port}")
@@ -141,5 +149,7 @@ def validate(config: Config) -> None:
             filter_to_canonical(topic_filter)
         except ValueError as exc:
             raise ConfigError(f"[mqtt] queue_topics: {topic_filter!r}: {exc}") from None
+    if config.ws_settings.max_message_size <= 0:
+        raise ConfigError("[websocket] max_message_size must be positive")
     if not config.policy.dead_letter_queue.startswith("queue://"):
         raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")

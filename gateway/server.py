@@ -14,7 +14,10 @@ from persistence.memory import MemoryStore
 from persistence.store import Store
 from protocols.mqtt.adapter import mqtt_factory
 from protocols.mqtt.hub import MqttHub
+from protocols.mqtt.session import MqttSession
 from protocols.stomp.adapter import stomp_factory
+from protocols.stomp.session import StompSession
+from protocols.websocket import GatewayWebSocketFactory
 
 log = Logger(namespace="gateway")
 
@@ -31,9 +34,20 @@ class Gateway:
         self.factories = {
             "stomp": stomp_factory(self.broker, config.stomp_settings),
             "mqtt": mqtt_factory(self.mqtt_hub),
+            "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings),
         }
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
         self.ports: dict[str, Any] = {}
+
+    def _websocket_session(self, kind: str, transport: Any, remote: str) -> Any:
+        """The same session classes as on TCP: no protocol logic is written twice."""
+        if kind == "stomp":
+            return StompSession(self.broker, transport, self.config.stomp_settings, remote)
+        return MqttSession(self.mqtt_hub, transport, remote)
+
+    @property
+    def ws_port(self) -> int:
+        return self.port("ws")
 
     def port(self, name: str) -> int:
         return self.ports[name].getHost().port

@@ -50,6 +50,7 @@ class BrokerHandle:
         self.host = "127.0.0.1"
         self.port = self.gateway.stomp_port
         self.mqtt_port = self.gateway.mqtt_port
+        self.ws_port = self.gateway.ws_port
         self.broker = self.gateway.broker
 
     @staticmethod

@@ -1,0 +1,172 @@
+"""WebSocket transport: the STOMP and MQTT sessions of TCP, behind autobahn.
+
+The subprotocol picks the session class (``v10.stomp``/``v11.stomp``/
+``v12.stomp`` -> STOMP, ``mqtt``/``mqttv3.1`` -> MQTT); after that a WebSocket
+message is just bytes for the session's decoder, so packets spanning messages
+or several per message need nothing special.  autobahn's own wrapping factory
+is not used because it forces binary frames, while STOMP clients expect text
+frames: outgoing STOMP goes as text when it is UTF-8, as binary otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.types import ConnectionDeny
+from twisted.internet import interfaces
+from twisted.logger import Logger
+from zope.interface import implementer
+
+log = Logger(namespace="gateway.websocket")
+
+STOMP_SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
+MQTT_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+
+# RFC 6455 close codes for the ways a session ends.
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_PROTOCOL_ERROR = 1002
+
+
+@dataclass
+class WebSocketSettings:
+    # Largest WebSocket message (and frame) accepted; larger ones close with 1009.
+    max_message_size: int = 4 * 1024 * 1024
+    # Seconds between server pings (0: none) and how long a pong may take.
+    ping_interval: float = 30.0
+    ping_timeout: float = 10.0
+    # Origins allowed to connect ("*" any); browsers send Origin, other clients may not.
+    allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+
+
+@implementer(interfaces.IPushProducer)
+class GatewayWebSocketProtocol(WebSocketServerProtocol):
+    """One WebSocket connection carrying one STOMP or MQTT session."""
+
+    session: Any = None
+    kind = ""
+    _ping_call: Any = None
+    _heard = 0.0
+
+    def onConnect(self, request: Any) -> str:
+        for offered in request.protocols:
+            if offered in STOMP_SUBPROTOCOLS:
+                self.kind = "stomp"
+                return offered
+            if offered in MQTT_SUBPROTOCOLS:
+                self.kind = "mqtt"
+                return offered
+        offered = ", ".join(request.protocols) or "none"
+        raise ConnectionDeny(
+            ConnectionDeny.BAD_REQUEST,
+            f"no supported WebSocket subprotocol (offered: {offered}); use one of "
+            + ", ".join(STOMP_SUBPROTOCOLS + MQTT_SUBPROTOCOLS),
+        )
+
+    def onOpen(self) -> None:
+        peer = self.transport.getPeer()
+        remote = f"ws:{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+        self.session = self.factory.make_session(self.kind, self, remote)
+        self.factory.sessions.add(self.session)
+        self.transport.registerProducer(self, True)
+        self._heard = self.factory.reactor.seconds()
+        if self.factory.settings.ping_interval > 0:
+            self._ping_call = self.factory.reactor.callLater(self.factory.settings.ping_interval, self._keep_alive)
+
+    def _keep_alive(self) -> None:
+        """Ping every interval; a peer silent (no pong, no data) for interval + timeout is gone.
+
+        Done here with the reactor's timers rather than autobahn's auto-ping,
+        whose batched timers can fire a short timeout early and drop a healthy peer.
+        """
+        settings = self.factory.settings
+        now = self.factory.reactor.seconds()
+        if now - self._heard > settings.ping_interval + settings.ping_timeout:
+            log.info("[{remote}] no pong for {s:.1f}s: closing", remote=getattr(self.session, "label", "?"), s=now - self._heard)
+            self._ping_call = None
+            self.dropConnection(abort=True)
+            return
+        self.sendPing()
+        self._ping_call = self.factory.reactor.callLater(settings.ping_interval, self._keep_alive)
+
+    def onPong(self, payload: bytes) -> None:
+        self._heard = self.factory.reactor.seconds()
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self._heard = self.factory.reactor.seconds()
+        self.session.data_received(payload)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        if self._ping_call is not None and self._ping_call.active():
+            self._ping_call.cancel()
+        self._ping_call = None
+        if self.session is not None:
+            self.factory.sessions.discard(self.session)
+            self.session.connection_lost()
+
+    # Transport interface for the sessions.
+    def write(self, data: bytes) -> None:
+        if self.kind == "stomp" and (data.isascii() or _is_utf8(data)):
+            self.sendMessage(data, isBinary=False)
+        else:
+            self.sendMessage(data, isBinary=True)
+
+    def close(self) -> None:
+        reason = getattr(self.session, "close_reason", "normal")
+        code = {"error": CLOSE_PROTOCOL_ERROR, "shutdown": CLOSE_GOING_AWAY}.get(reason, CLOSE_NORMAL)
+        if self.transport.producer is not None:
+            self.transport.unregisterProducer()
+        # sendClose admits only 1000 and 3000-4999 (application codes); a server
+        # may also say 1001 going away and 1002 protocol error (RFC 6455 7.4.1).
+        self.sendCloseFrame(code=code, reasonUtf8=reason.encode(), isReply=False)
+
+    # IPushProducer, as on TCP: a full socket pauses this client's deliveries.
+    def pauseProducing(self) -> None:
+        if self.session is not None:
+            self.session.pause_producing()
+
+    def resumeProducing(self) -> None:
+        if self.session is not None:
+            self.session.resume_producing()
+
+    def stopProducing(self) -> None:
+        pass
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class GatewayWebSocketFactory(WebSocketServerFactory):
+    protocol = GatewayWebSocketProtocol
+    noisy = False
+
+    def __init__(self, make_session: Callable[[str, Any, str], Any], settings: WebSocketSettings) -> None:
+        super().__init__()
+        self.make_session = make_session
+        self.settings = settings
+        self.sessions: set[Any] = set()
+        self.setProtocolOptions(
+            maxMessagePayloadSize=settings.max_message_size,
+            maxFramePayloadSize=settings.max_message_size,
+            allowedOrigins=[_origin_pattern(o) for o in settings.allowed_origins],
+            # Say why (1009 too big, 1002 protocol error) with a close frame instead of a bare drop.
+            failByDrop=False,
+        )
+
+
+def _origin_pattern(origin: str) -> str:
+    """autobahn matches ``scheme://host:port`` with the port always present;
+    users write origins as browsers send them (no default port)."""
+    if "*" in origin or origin.count(":") >= 2:
+        return origin
+    if origin.startswith("https://"):
+        return origin + ":443"
+    if origin.startswith("http://"):
+        return origin + ":80"
+    return origin
