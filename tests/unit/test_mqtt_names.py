@@ -1,6 +1,12 @@
 import pytest
 
-from protocols.mqtt.names import InvalidTopic, canonical_to_topic, filter_to_canonical, split_shared, topic_to_canonical
+from protocols.mqtt.names import (
+    InvalidTopic,
+    canonical_to_topic,
+    filter_to_canonical,
+    split_shared,
+    topic_to_canonical,
+)
 
 
 @pytest.mark.parametrize("topic, canonical", [
