@@ -21,10 +21,12 @@ from core.message import Message, decode_message, encode_message
 from core.policy import Policy
 from core.queue import MessageQueue
 from core.storage import (
+    DELIVERED_KIND,
     DURABLE_KIND,
     DURABLE_REF_KIND,
     RETAINED_KIND,
     SCHEDULED_KIND,
+    STATE_KIND,
     DurableStorage,
     QueueStorage,
     TopicMessages,
@@ -69,6 +71,7 @@ class Broker:
         self._sweeper: Any = None
         self.messages_received = 0
         self.messages_sent = 0
+        self._marks: set[MessageQueue] = set()
         self.started_at = 0.0
 
     # -- lifecycle ------------------------------------------------------
@@ -247,6 +250,30 @@ class Broker:
     @property
     def scheduled_count(self) -> int:
         return len(self._scheduled)
+
+    # -- delivery marks and protocol state --------------------------------
+
+    def delivered(self, queue: MessageQueue, seq: int) -> None:
+        """Note a queue's delivered mark; written once per turn, not once per message."""
+        if not self._marks:
+            self.clock.callLater(0, self._save_marks)
+        self._marks.add(queue)
+
+    def _save_marks(self) -> None:
+        marks, self._marks = self._marks, set()
+        for queue in marks:
+            if queue.storage is not None:
+                self.store.put_record(DELIVERED_KIND, queue.storage.key, queue.delivered_mark.to_bytes(8, "big"))
+
+    def save_state(self, name: str, data: bytes) -> None:
+        """Protocol state that must survive a restart (protocols never touch the store)."""
+        self.store.put_record(STATE_KIND, name, data)
+
+    def delete_state(self, name: str) -> None:
+        self.store.delete_record(STATE_KIND, name)
+
+    def states(self, prefix: str) -> list[tuple[str, bytes]]:
+        return list(self.store.iter_records(STATE_KIND, prefix))
 
     # -- redelivery, expiry, dead letters -------------------------------
 
@@ -439,6 +466,7 @@ class Broker:
 
         store = self.store
         max_seq = 0
+        marks = {key: int.from_bytes(raw, "big") for key, raw in store.iter_records(DELIVERED_KIND)}
         for key, raw in store.iter_records(DURABLE_KIND):
             record = json.loads(raw)
             text = record.get("selector")
@@ -461,8 +489,10 @@ class Broker:
                     max_seq = max(max_seq, seq)
                 continue
             queue = self.queue(destination)
+            mark = queue.delivered_mark = marks.get(destination, 0)
             for seq, data in store.iter_messages(destination):
-                queue.restore(Entry(decode_message(data), seq))
+                # Handed out before the restart and never acked: flag it redelivered.
+                queue.restore(Entry(decode_message(data), seq, redeliveries=1 if seq <= mark else 0))
                 max_seq = max(max_seq, seq)
         referenced: set[tuple[str, int]] = set()
         for key, raw in store.iter_records(DURABLE_REF_KIND):
@@ -474,7 +504,9 @@ class Broker:
             if message is None or queue is None:
                 store.delete_record(DURABLE_REF_KIND, key)  # a reference left by a crash
                 continue
-            queue.restore(Entry(message, seq))
+            mark = marks.get(queue_key, 0)
+            queue.delivered_mark = max(queue.delivered_mark, mark)
+            queue.restore(Entry(message, seq, redeliveries=1 if seq <= mark else 0))
             self.topic_messages.refs[seq] = self.topic_messages.refs.get(seq, 0) + 1
             referenced.add((topic, seq))
         for (topic, seq) in topic_cache.keys() - referenced:

@@ -71,7 +71,11 @@ class Consumer:
         return selector is None or selector.matches(entry.message.lookup)
 
     def deliver(self, entry: "Entry") -> None:
-        self.queue.host.messages_sent += 1
+        queue = self.queue
+        queue.host.messages_sent += 1
+        if entry.stored and entry.seq > queue.delivered_mark:
+            queue.delivered_mark = entry.seq
+            queue.host.delivered(queue, entry.seq)
         tag = self.next_tag
         self.next_tag = tag + 1
         if self.ack_mode is AckMode.AUTO:

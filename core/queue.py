@@ -29,6 +29,8 @@ PRIORITIES = 10
 class Storage(Protocol):
     """Where a queue keeps its persistent entries (queue range, or durable refs)."""
 
+    key: str
+
     def add(self, entry: Entry) -> None: ...
 
     def remove(self, entry: Entry) -> None: ...
@@ -37,6 +39,8 @@ class Storage(Protocol):
 class Host(Protocol):
     policy: Policy
     messages_sent: int
+
+    def delivered(self, queue: "MessageQueue", seq: int) -> None: ...
 
     def now_ms(self) -> int: ...
 
@@ -100,6 +104,9 @@ class MessageQueue:
         # Overrides the policy's max_redeliveries for this queue (-1: never dead-letter);
         # MQTT session queues use it, since a reconnect is not a failed delivery there.
         self.max_redeliveries: int | None = None
+        # Highest stored seq ever handed to a consumer: after a crash, entries up to
+        # it may have been seen and come back flagged redelivered (JMS's hint).
+        self.delivered_mark = 0
         self._rr = 0
         self._selectors = 0
         self._exclusives = 0
@@ -335,6 +342,18 @@ class MessageQueue:
             level.extend(kept)
         self._may_expire = still_expiring
         return expired
+
+    def remove_seqs(self, seqs: set[int]) -> list[Entry]:
+        """Take pending entries out by sequence (rare: MQTT flows finished before a restart)."""
+        removed = []
+        for level in self.pending.levels:
+            kept = [e for e in level if e.seq not in seqs]
+            if len(kept) != len(level):
+                removed.extend(e for e in level if e.seq in seqs)
+                level.clear()
+                level.extend(kept)
+        self.pending.size -= len(removed)
+        return removed
 
     def purge(self) -> int:
         entries = self.pending.clear()

@@ -15,6 +15,8 @@ DURABLE_KIND = "durable"          # key: durable key -> subscription definition 
 DURABLE_REF_KIND = "durable-ref"  # key: durable key \0 seq -> topic destination
 SCHEDULED_KIND = "scheduled"      # key: due ms : seq -> encoded message
 RETAINED_KIND = "retained"        # key: topic name -> encoded message
+DELIVERED_KIND = "delivered"      # key: storage key -> highest seq ever delivered (8 bytes)
+STATE_KIND = "state"              # key: protocol state name -> opaque bytes (MQTT sessions)
 
 
 def seq_key(seq: int) -> str:
@@ -22,11 +24,12 @@ def seq_key(seq: int) -> str:
 
 
 class QueueStorage:
-    __slots__ = ("store", "destination")
+    __slots__ = ("store", "destination", "key")
 
     def __init__(self, store: Store, destination: str) -> None:
         self.store = store
         self.destination = destination
+        self.key = destination
 
     def add(self, entry: Entry) -> None:
         self.store.put_message(self.destination, entry.seq, encode_message(entry.message))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from twisted.logger import (
     FilteringLogObserver,
@@ -52,15 +52,24 @@ def run(args: argparse.Namespace) -> int:
     from gateway.server import Gateway
 
     gateway = Gateway(config, reactor)
-    try:
-        gateway.start()
-    except Exception as exc:  # a port in use, an unreadable store: say so and exit non-zero
-        print(f"gateway: cannot start: {exc}", file=sys.stderr)
-        return 1
-    # SIGINT/SIGTERM stop the reactor; this trigger runs first and is waited for.
-    reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
+    outcome = {"code": 0}
+
+    def failed(failure: Any) -> None:
+        # A port in use, an unreadable store: say so and exit non-zero.
+        print(f"gateway: cannot start: {failure.getErrorMessage()}", file=sys.stderr)
+        outcome["code"] = 1
+        if reactor.running:  # a standby that failed later; an immediate failure never ran it
+            reactor.stop()
+
+    def started(_: Any) -> None:
+        # SIGINT/SIGTERM stop the reactor; this trigger runs first and is waited for.
+        reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)
+
+    gateway.start_when_master().addCallbacks(started, failed)
+    if outcome["code"]:
+        return outcome["code"]
     reactor.run()
-    return 0
+    return outcome["code"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

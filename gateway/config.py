@@ -31,6 +31,23 @@ class ListenerConfig:
 
 
 @dataclass
+class PersistenceConfig:
+    # "rocksdb" (default, in <data_dir>/store) or "memory" (nothing survives a restart).
+    backend: str = "rocksdb"
+    # true: receipts, PUBACKs and commits wait for fsync of their batch.  false trades
+    # that guarantee for speed: a crash of the machine (not of the process) can lose
+    # acknowledged messages.
+    sync: bool = True
+    # Destination groups, each its own column family: name -> canonical patterns,
+    # e.g. orders = ["queue://orders.>"].  Unmatched destinations go to "default".
+    groups: dict = field(default_factory=dict)
+    # Operations after which a batch is written at once instead of at the end of the turn.
+    max_batch: int = 2000
+    # Seconds between retries of the store lock while another broker holds it (standby).
+    lock_retry_interval: float = 1.0
+
+
+@dataclass
 class Config:
     host: str = "127.0.0.1"
     data_dir: str = "./data"
@@ -42,6 +59,7 @@ class Config:
     mqtt_settings: MqttSettings = field(default_factory=MqttSettings)
     ws: ListenerConfig = field(default_factory=lambda: ListenerConfig(61614))
     ws_settings: WebSocketSettings = field(default_factory=WebSocketSettings)
+    persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     # Seconds between $SYS figure updates (0: none), as Mosquitto's sys_interval.
     sys_interval: float = 10.0
     policy: Policy = field(default_factory=Policy)
@@ -118,6 +136,8 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
             rest = {k: v for k, v in values.items() if k not in listener}
             _apply(config.ws, listener, "websocket")
             _apply(config.ws_settings, rest, "websocket")
+        elif section == "persistence":
+            _apply(config.persistence, values, "persistence")
         elif section == "policy":
             _apply(config.policy, values, "policy")
         else:
@@ -149,6 +169,16 @@ def validate(config: Config) -> None:
             filter_to_canonical(topic_filter)
         except ValueError as exc:
             raise ConfigError(f"[mqtt] queue_topics: {topic_filter!r}: {exc}") from None
+    persistence = config.persistence
+    if persistence.backend not in ("rocksdb", "memory"):
+        raise ConfigError(f"[persistence] backend must be rocksdb or memory, got {persistence.backend!r}")
+    for name, patterns in persistence.groups.items():
+        if not name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"[persistence.groups] {name!r}: group names are letters, digits, - and _")
+        if not isinstance(patterns, list) or not all(
+            isinstance(p, str) and p.split("://", 1)[0] in ("queue", "topic") and "://" in p for p in patterns
+        ):
+            raise ConfigError(f"[persistence.groups] {name}: a list of patterns like \"queue://orders.>\"")
     if config.ws_settings.max_message_size <= 0:
         raise ConfigError("[websocket] max_message_size must be positive")
     if not config.policy.dead_letter_queue.startswith("queue://"):

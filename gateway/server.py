@@ -11,6 +11,7 @@ from core.broker import Broker
 from core.sysinfo import SysPublisher
 from gateway.config import Config
 from persistence.memory import MemoryStore
+from persistence.rocks import GroupConfig, RocksStore, StoreLocked
 from persistence.store import Store
 from protocols.mqtt.adapter import mqtt_factory
 from protocols.mqtt.hub import MqttHub
@@ -26,10 +27,37 @@ VERSION = "gateway 0.1.0"
 
 class Gateway:
     def __init__(self, config: Config, reactor: Any, store: Store | None = None) -> None:
+        """``store`` overrides the configured one (tests share a MemoryStore across restarts).
+
+        The parts are built by ``start``, once the store is open: opening the
+        RocksDB store may have to wait for another broker to release it.
+        """
         self.config = config
         self.reactor = reactor
-        self.store = store if store is not None else MemoryStore()
-        self.broker = Broker(self.store, reactor, config.policy, name=config.name)
+        self._given_store = store
+        self.store: Store | None = None
+        self.broker: Broker | None = None
+        self.mqtt_hub: MqttHub | None = None
+        self.factories: dict[str, Any] = {}
+        self.sys: SysPublisher | None = None
+        self.ports: dict[str, Any] = {}
+
+    def _open_store(self) -> Store:
+        if self._given_store is not None:
+            return self._given_store
+        persistence = self.config.persistence
+        if persistence.backend == "memory":
+            return MemoryStore()
+        groups = [GroupConfig(name, list(patterns)) for name, patterns in persistence.groups.items()]
+        return RocksStore(
+            self.store_path, groups, sync=persistence.sync, max_batch=persistence.max_batch,
+            schedule=lambda flush: self.reactor.callLater(0, flush),
+        )
+
+    def _build(self, store: Store) -> None:
+        config = self.config
+        self.store = store
+        self.broker = Broker(store, self.reactor, config.policy, name=config.name)
         self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings)
         self.factories = {
             "stomp": stomp_factory(self.broker, config.stomp_settings),
@@ -37,7 +65,6 @@ class Gateway:
             "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings),
         }
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
-        self.ports: dict[str, Any] = {}
 
     def _websocket_session(self, kind: str, transport: Any, remote: str) -> Any:
         """The same session classes as on TCP: no protocol logic is written twice."""
@@ -67,11 +94,39 @@ class Gateway:
         (tests run many brokers side by side).
         """
         os.makedirs(self.config.data_dir, exist_ok=True)
+        self._build(self._open_store())
         self.broker.start()
+        self.mqtt_hub.recover()
         self.sys.start()
         for name, factory in self.factories.items():
             listener = getattr(self.config, name)
             self._listen(name, listener.host or self.config.host, listener.port, factory, ephemeral)
+
+    @property
+    def store_path(self) -> str:
+        return os.path.join(self.config.data_dir, "store")
+
+    def start_when_master(self) -> defer.Deferred:
+        """Start, or wait as a standby while another broker holds the store (shared-store HA)."""
+        started: defer.Deferred = defer.Deferred()
+
+        def attempt(first: bool) -> None:
+            try:
+                self.start()
+            except StoreLocked:
+                if first:
+                    log.info("store {path} is locked by another broker: standing by", path=self.store_path)
+                self.reactor.callLater(self.config.persistence.lock_retry_interval, attempt, False)
+                return
+            except Exception as exc:
+                started.errback(exc)
+                return
+            if not first:
+                log.info("store lock acquired: taking over as master")
+            started.callback(self)
+
+        attempt(True)
+        return started
 
     def _listen(self, name: str, host: str, port: int, factory: Any, ephemeral: bool) -> None:
         if port == 0:
@@ -97,7 +152,8 @@ class Gateway:
             d = defer.Deferred()
             self.reactor.callLater(0.05, d.callback, None)
             yield d
-        self.sys.stop()
-        self.broker.stop()
-        self.store.close()
+        if self.broker is not None:
+            self.sys.stop()
+            self.broker.stop()
+            self.store.close()
         log.info("broker stopped")

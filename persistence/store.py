@@ -12,7 +12,8 @@ data pass through it:
 Writes are not durable when the call returns.  They join the current batch;
 ``when_durable(callback)`` runs the callback once every write issued before it
 is on disk.  That is the group-commit contract receipts and PUBACKs rely on:
-answer only from such a callback.
+answer only from such a callback.  Reads (``iter_*``) see what has been
+written, not the pending batch: call ``flush`` first where that matters.
 """
 from __future__ import annotations
 

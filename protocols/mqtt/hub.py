@@ -7,6 +7,7 @@ session ends first).
 """
 from __future__ import annotations
 
+import json
 import secrets
 
 from twisted.logger import Logger
@@ -53,8 +54,6 @@ class MqttHub:
         if client is not None and client.live is not None and client.live is not session:
             client.live.take_over()
             client = self.clients.get(client_id)  # the old connection's expiry may have ended it
-        if client is None and not clean_start:
-            client = self._recover(client_id)
         if client is not None and clean_start:
             self._end(client)
             client = None
@@ -78,15 +77,33 @@ class MqttHub:
         client.expiry = expiry
         client.live = session
         self.live.add(session)
+        self.save(client)
         return client, present
 
-    def _recover(self, client_id: str) -> ClientSession | None:
+    def save(self, client: ClientSession) -> None:
+        if client.durable:
+            self.broker.save_state(self.queue_key(client.client_id), client.state())
+
+    def recover(self) -> None:
+        """Rebuild the persistent sessions the store remembers, as if their clients had just left."""
+        for name, data in self.broker.states("mqtt:"):
+            client = self._recover(name[len("mqtt:"):], json.loads(data))
+            for sub in client.subs.values():
+                sub.selector = AwayFilter((sub.options or {}).get("qos", 0))
+            if client.expiry != NEVER_EXPIRES:
+                client.expiry_timer = self.broker.clock.callLater(client.expiry, self._expired, client)
+
+    def _recover(self, client_id: str, state: dict) -> ClientSession:
         """A persistent session that only the store remembers (the broker restarted)."""
-        queue = self.broker.durable_queues.get(self.queue_key(client_id))
-        if queue is None:
-            return None
+        queue = self.broker.durable_queue(self.queue_key(client_id))
         queue.max_redeliveries = -1
         client = self.clients[client_id] = ClientSession(client_id, queue, True)
+        client.expiry = state.get("expiry", NEVER_EXPIRES)
+        client.released = {int(pid): seq for pid, seq in state.get("released", {}).items()}
+        client.inbound_qos2 = set(state.get("inbound", ()))
+        # The client holds these already (PUBREC was received): PUBREL, not PUBLISH, is due.
+        for entry in queue.remove_seqs(set(client.released.values())):
+            queue.settle(entry)
         for sub in self.broker.subscriptions_of(queue):
             mqtt_filter = sub.durable_key.split("\x1f", 1)[1]  # type: ignore[union-attr]
             client.filters[mqtt_filter] = sub.options or {}
@@ -115,6 +132,7 @@ class MqttHub:
         # Away: keep only what will be delivered at QoS 1 or 2 (see AwayFilter).
         for sub in client.subs.values():
             sub.selector = AwayFilter((sub.options or {}).get("qos", 0))
+        self.save(client)  # a 5.0 DISCONNECT may have changed the expiry
         if client.expiry != NEVER_EXPIRES:
             client.expiry_timer = self.broker.clock.callLater(client.expiry, self._expired, client)
 
@@ -142,6 +160,7 @@ class MqttHub:
             self.publish_will(will)
         if client.durable:
             self.broker.remove_durable_queue(self.queue_key(client.client_id))
+            self.broker.delete_state(self.queue_key(client.client_id))
         else:
             for sub in client.subs.values():
                 self.broker.remove_subscription(sub)

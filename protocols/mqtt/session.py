@@ -107,9 +107,12 @@ class ClientSession:
         self.subs: dict[str, Subscription] = {}
         self.shared: dict[str, tuple[str, str]] = {}  # filter -> (group, canonical filter)
         self.outbound: dict[int, Inflight] = {}       # packet id -> PUBLISH awaiting PUBACK/PUBREC
-        # PUBREL sent, awaiting PUBCOMP: the delivery, held until PUBCOMP so it
-        # keeps its receive-maximum slot (MQTT 5 4.9); None once its connection is gone.
-        self.released: dict[int, Inflight | None] = {}
+        # PUBREL sent, awaiting PUBCOMP: packet id -> message seq (stored, so a
+        # restart still resends PUBREL) ...
+        self.released: dict[int, int] = {}
+        # ... and, while its connection lives, the delivery itself, held until
+        # PUBCOMP so it keeps its receive-maximum slot (MQTT 5 4.9).
+        self.released_inflight: dict[int, Inflight] = {}
         self.inbound_qos2: set[int] = set()           # PUBREC sent, awaiting PUBREL
         self.ids_by_seq: dict[int, int] = {}          # message -> packet id it was first sent with
         self.next_id = 1
@@ -117,6 +120,20 @@ class ClientSession:
         self.expiry_timer: Any = None
         self.will_timer: Any = None
         self.pending_will: mq.Will | None = None      # a will waiting out its delay
+
+    def packet_id_for(self, seq: int) -> int:
+        """The packet id for a message: first choice derived from its sequence, so a
+        retransmission after a restart carries the same id with nothing stored."""
+        pid = self.ids_by_seq.get(seq) or seq % 65535 + 1
+        if pid in self.outbound or pid in self.released:
+            pid = self.allocate_id()
+        return pid
+
+    def state(self) -> bytes:
+        """What must outlive the process: expiry and the QoS 2 flows in progress."""
+        return json.dumps({
+            "expiry": self.expiry, "released": self.released, "inbound": sorted(self.inbound_qos2),
+        }).encode()
 
     def allocate_id(self) -> int:
         busy = self.outbound
@@ -403,6 +420,7 @@ class MqttSession:
             self.conn.when_durable(lambda: self._write(data))
         elif qos == 2:
             self.client.inbound_qos2.add(pid)  # type: ignore[union-attr]
+            self.hub.save(self.client)  # type: ignore[arg-type]  # in the message's batch, before PUBREC
             data = mq.encode(mq.Pubrec(pid), self.level)
             self.conn.when_durable(lambda: self._write(data))
 
@@ -426,7 +444,9 @@ class MqttSession:
 
     def _on_pubrel(self, packet: mq.Pubrel) -> None:
         known = packet.packet_id in self.client.inbound_qos2  # type: ignore[union-attr]
-        self.client.inbound_qos2.discard(packet.packet_id)  # type: ignore[union-attr]
+        if known:
+            self.client.inbound_qos2.discard(packet.packet_id)  # type: ignore[union-attr]
+            self.hub.save(self.client)  # type: ignore[arg-type]
         reason = 0 if known or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         self._send(mq.Pubcomp(packet.packet_id, reason))
 
@@ -454,12 +474,7 @@ class MqttSession:
             self.conn.ack(consumer, tag)  # not expressible in MQTT: count it as delivered
             return
         properties = self._properties(message, options) if self.level == 5 else None
-        pid = None
-        if qos:
-            if entry.redeliveries:
-                pid = client.ids_by_seq.get(entry.seq)
-            if pid is None or pid in client.outbound:
-                pid = client.allocate_id()
+        pid = client.packet_id_for(entry.seq) if qos else None
         new_alias = None
         if properties is not None and self.peer_alias_max:
             topic, new_alias = self._alias(topic, properties)
@@ -558,12 +573,17 @@ class MqttSession:
                 self._finish(inflight)  # the client refused it: the flow ends here
             return
         # The client has it; only PUBREL/PUBCOMP remain, and the slot stays taken until PUBCOMP.
-        if inflight is not None or packet.packet_id not in client.released:  # type: ignore[union-attr]
-            client.released[packet.packet_id] = inflight  # type: ignore[union-attr]
+        if inflight is not None:
+            client.released[packet.packet_id] = inflight.seq  # type: ignore[union-attr]
+            client.released_inflight[packet.packet_id] = inflight  # type: ignore[union-attr]
+            self.hub.save(client)  # type: ignore[arg-type]
         self._send(mq.Pubrel(packet.packet_id, 0 if inflight is not None or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
     def _on_pubcomp(self, packet: mq.Pubcomp) -> None:
-        inflight = self.client.released.pop(packet.packet_id, None)  # type: ignore[union-attr]
+        client = self.client
+        if client.released.pop(packet.packet_id, None) is not None:  # type: ignore[union-attr]
+            self.hub.save(client)  # type: ignore[arg-type]
+        inflight = client.released_inflight.pop(packet.packet_id, None)  # type: ignore[union-attr]
         if inflight is not None:
             self._finish(inflight)
 
@@ -785,10 +805,9 @@ class MqttSession:
         if self.client is not None:
             # Released QoS 2 deliveries are the client's: settle them, keep only
             # their packet ids for the PUBREL a reconnect will get.
-            for pid, inflight in list(self.client.released.items()):
-                if inflight is not None:
-                    self._settle(inflight)
-                    self.client.released[pid] = None
+            for inflight in self.client.released_inflight.values():
+                self._settle(inflight)
+            self.client.released_inflight.clear()
         for mqtt_filter, (group, canonical) in list((self.client.shared if self.client else {}).items()):
             self._leave_shared(mqtt_filter, group, canonical)
         if self.conn is not None:

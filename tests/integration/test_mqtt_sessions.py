@@ -356,12 +356,6 @@ def test_unacked_qos2_after_a_restart_is_resent_at_qos2(tmp_path):
         handle.stop()
 
 
-@pytest.mark.xfail(
-    reason="BUG: packet ids and redelivery state are memory-only (ClientSession.ids_by_seq in "
-    "protocols/mqtt/session.py; core/broker.py recover() rebuilds Entry(message, seq) with redeliveries=0), "
-    "so after a restart an unacknowledged PUBLISH is resent with DUP=0 and a freshly allocated id (MQTT-4.4.0-1)",
-    strict=True,
-)
 def test_unacked_qos1_after_a_restart_keeps_dup_and_packet_id(tmp_path):
     from persistence.memory import MemoryStore
 
@@ -389,12 +383,6 @@ def test_unacked_qos1_after_a_restart_keeps_dup_and_packet_id(tmp_path):
         handle.stop()
 
 
-@pytest.mark.xfail(
-    reason="BUG: a QoS 2 delivery is settled (deleted from the store) at PUBREC (session._on_pubrec) and the "
-    "PUBREL-pending id lives only in ClientSession.released (memory), so after a restart the broker never "
-    "resends PUBREL (MQTT-4.4.0-1); a client that hands QoS 2 over at PUBREL (paho) never gets the message",
-    strict=True,
-)
 def test_pubrel_is_resent_after_a_restart(tmp_path):
     from persistence.memory import MemoryStore
 

@@ -353,3 +353,19 @@ def test_paused_connection_gets_nothing_until_resumed():
     assert sink.bodies == []
     c.resume()
     assert sink.bodies == ["a", "b"]
+
+
+def test_delivered_but_unacked_comes_back_redelivered_after_a_restart():
+    store = MemoryStore()
+    broker, clock = make(store=store)
+    c = broker.connect()
+    sink = Sink()
+    c.subscribe("queue://q", sink, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=1)
+    send(c, "queue://q", "seen", "unseen", persistent=True)
+    clock.advance(0)  # the delivered mark is written once per turn
+    assert sink.bodies == ["seen"]
+
+    again, _ = make(store=store.reopen())  # the process died: nothing was acked
+    sink2 = Sink()
+    again.connect().subscribe("queue://q", sink2, ack_mode=AckMode.CLIENT_INDIVIDUAL)
+    assert [(b, r) for b, _, r in sink2.got] == [("seen", 1), ("unseen", 0)]

@@ -1,0 +1,277 @@
+"""The RocksDB store (rocksdict): one database, a column family per destination group.
+
+Layout
+  ``meta`` holds records (key ``kind \\0 key``) and the destination index;
+  ``default`` holds messages of destinations no group claims; ``group.<name>``
+  holds those matching the group's patterns (mKahaDB-style, but all families
+  share one write-ahead log, so a batch spanning groups stays atomic).  A
+  message key is the destination, NUL, and the sequence as 8 big-endian bytes,
+  so a destination is one ordered key range.
+
+Which family a destination lives in is recorded the first time it is written
+and kept: adding a group later sends new destinations to it, while
+destinations already stored stay readable where they are.
+
+Group commit
+  Writes go into one WriteBatch; ``when_durable`` callbacks wait for it.  The
+  batch is written with ``sync`` once per reactor turn (``schedule`` arranges
+  the call), or at once when it reaches ``max_batch`` operations, so no turn
+  blocks long: rocksdict holds the GIL for the whole write, fsync included.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from rocksdict import AccessType, Options, ReadOptions, Rdict, WriteBatch, WriteOptions
+
+from persistence.store import Store, StoreError
+
+_SEQ = struct.Struct(">Q")
+_META = "meta"
+_DEFAULT = "default"
+_DEST_INDEX = b"dest\x00"
+
+
+class StoreLocked(StoreError):
+    """Another broker holds the data directory (shared-store master/slave)."""
+
+
+@dataclass
+class GroupConfig:
+    name: str
+    # Destination patterns in canonical form: "queue://orders.>" (">" the rest,
+    # "*" one level), as ActiveMQ's filtered mKahaDB adapters.
+    patterns: list[str] = field(default_factory=list)
+
+
+def _pattern_matches(pattern: str, destination: str) -> bool:
+    scheme, _, name = pattern.partition("://")
+    d_scheme, _, d_name = destination.partition("://")
+    if scheme != d_scheme:
+        return False
+    p_levels = name.split(".")
+    levels = d_name.split(".")
+    for i, p in enumerate(p_levels):
+        if p == ">":
+            return True
+        if i >= len(levels):
+            return False
+        if p != "*" and not fnmatch.fnmatchcase(levels[i], p):
+            return False
+    return len(p_levels) == len(levels)
+
+
+def _options(raw: bool = True) -> Options:
+    options = Options(raw_mode=raw)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    # Smaller memtables than the default 64 MiB: a broker's data is short-lived,
+    # and deleted ranges are given back sooner.
+    options.set_write_buffer_size(16 * 1024 * 1024)
+    return options
+
+
+class RocksStore(Store):
+    def __init__(
+        self,
+        path: str,
+        groups: list[GroupConfig] | None = None,
+        *,
+        sync: bool = True,
+        schedule: Callable[[Callable[[], None]], None] | None = None,
+        max_batch: int = 2000,
+    ) -> None:
+        self.path = path
+        self.groups = list(groups or [])
+        self.sync = sync
+        self._schedule = schedule
+        self.max_batch = max_batch
+        os.makedirs(path, exist_ok=True)
+        existing = set(Rdict.list_cf(path, _options())) if os.path.exists(os.path.join(path, "CURRENT")) else set()
+        wanted = {_META, _DEFAULT} | {f"group.{g.name}" for g in self.groups} | existing
+        families = {name: _options() for name in wanted if name != _DEFAULT}
+        try:
+            self.db = Rdict(path, _options(), column_families=families, access_type=AccessType.read_write())
+        except Exception as exc:  # rocksdict raises a plain Exception
+            if "LOCK" in str(exc) or "lock hold" in str(exc):
+                raise StoreLocked(f"{path} is locked by another broker") from None
+            raise StoreError(f"cannot open {path}: {exc}") from None
+        self._families = {name: self.db.get_column_family_handle(name) for name in wanted}
+        self._meta_handle = self._families[_META]
+        self._meta = self.db.get_column_family(_META)
+        self._dest_family: dict[str, str] = {}
+        bound = self._bounded(_DEST_INDEX)
+        for key, value in self._meta.items(from_key=_DEST_INDEX, read_opt=bound):
+            self._dest_family[key[len(_DEST_INDEX):].decode()] = value.decode()
+        self._write_opt = WriteOptions()
+        self._write_opt.sync = sync
+        self._batch = WriteBatch(raw_mode=True)
+        self._ops = 0
+        self._callbacks: list[Callable[[], None]] = []
+        self._flush_scheduled = False
+        self._closed = False
+        self.batches_written = 0
+        self.deletes_since_compaction = 0
+
+    # -- keys and families --------------------------------------------------
+
+    @staticmethod
+    def _bounded(prefix: bytes) -> ReadOptions:
+        """Read options that stop at the end of ``prefix``'s range.
+
+        Keep the returned object referenced for as long as the iterator runs:
+        the iterator points into it, and an inline temporary is freed under it.
+        """
+        options = ReadOptions()
+        options.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
+        return options
+
+    def _family_for(self, destination: str, create: bool) -> str | None:
+        family = self._dest_family.get(destination)
+        if family is None and create:
+            family = _DEFAULT
+            for group in self.groups:
+                if any(_pattern_matches(p, destination) for p in group.patterns):
+                    family = f"group.{group.name}"
+                    break
+            self._dest_family[destination] = family
+            self._put(self._meta_handle, _DEST_INDEX + destination.encode(), family.encode())
+        return family
+
+    @staticmethod
+    def _message_key(destination: str, seq: int) -> bytes:
+        return destination.encode() + b"\x00" + _SEQ.pack(seq)
+
+    # -- batching -----------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreError("store is closed")
+
+    def _put(self, handle: object, key: bytes, value: bytes) -> None:
+        self._check()
+        self._batch.put(key, value, handle)
+        self._grew()
+
+    def _delete(self, handle: object, key: bytes) -> None:
+        self._check()
+        self._batch.delete(key, handle)
+        self.deletes_since_compaction += 1
+        self._grew()
+
+    def _grew(self) -> None:
+        self._ops += 1
+        if self._ops >= self.max_batch:
+            self.flush()
+        elif not self._flush_scheduled:
+            self._arrange_flush()
+
+    def _arrange_flush(self) -> None:
+        if self._schedule is None:
+            return
+        self._flush_scheduled = True
+        self._schedule(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._closed:
+            self.flush()
+
+    # -- Store interface ------------------------------------------------------
+
+    def put_message(self, destination: str, seq: int, data: bytes) -> None:
+        family = self._family_for(destination, create=True)
+        self._put(self._families[family], self._message_key(destination, seq), data)
+
+    def delete_message(self, destination: str, seq: int) -> None:
+        family = self._family_for(destination, create=False)
+        if family is not None:
+            self._delete(self._families[family], self._message_key(destination, seq))
+
+    def iter_messages(self, destination: str, start_seq: int = 0) -> Iterator[tuple[int, bytes]]:
+        self._check()
+        family = self._family_for(destination, create=False)
+        if family is None:
+            return
+        prefix = destination.encode() + b"\x00"
+        cf = self.db.get_column_family(family)
+        bound = self._bounded(prefix)
+        for key, value in cf.items(from_key=prefix + _SEQ.pack(start_seq), read_opt=bound):
+            yield _SEQ.unpack(key[len(prefix):])[0], value
+
+    def destinations(self) -> list[str]:
+        self._check()
+        return sorted(self._dest_family)
+
+    def forget_destination(self, destination: str) -> None:
+        """Drop an empty destination from the index (its family may change at the next write)."""
+        if self._dest_family.pop(destination, None) is not None:
+            self._delete(self._meta_handle, _DEST_INDEX + destination.encode())
+
+    def put_record(self, kind: str, key: str, data: bytes) -> None:
+        self._put(self._meta_handle, kind.encode() + b"\x00" + key.encode("utf-8", "surrogateescape"), data)
+
+    def delete_record(self, kind: str, key: str) -> None:
+        self._delete(self._meta_handle, kind.encode() + b"\x00" + key.encode("utf-8", "surrogateescape"))
+
+    def iter_records(self, kind: str, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        self._check()
+        head = kind.encode() + b"\x00"
+        start = head + prefix.encode("utf-8", "surrogateescape")
+        bound = self._bounded(head)
+        for key, value in self._meta.items(from_key=start, read_opt=bound):
+            if not key.startswith(start):
+                break
+            yield key[len(head):].decode("utf-8", "surrogateescape"), value
+
+    def when_durable(self, callback: Callable[[], None]) -> None:
+        # Immediate only when nothing is waiting: acknowledgements keep their order.
+        if not self._ops and not self._callbacks:
+            callback()
+            return
+        self._callbacks.append(callback)
+        if not self._flush_scheduled:
+            self._arrange_flush()
+
+    def flush(self) -> None:
+        if self._ops:
+            batch, self._batch = self._batch, WriteBatch(raw_mode=True)
+            self._ops = 0
+            self.db.write(batch, self._write_opt)
+            self.batches_written += 1
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    # -- housekeeping -------------------------------------------------------
+
+    def usage_bytes(self) -> int:
+        """Disk the data takes (SST files plus memtables), for the store usage limit."""
+        total = 0
+        for name in self._families:
+            cf = self.db.get_column_family(name)
+            for prop in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
+                total += cf.property_int_value(prop) or 0
+        return total
+
+    def compact(self) -> None:
+        """Give the space of deleted ranges back (tombstones are dropped by compaction)."""
+        for name in self._families:
+            self.db.get_column_family(name).compact_range(None, None)
+        self.deletes_since_compaction = 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        # The LOCK is only released once no column-family handle is alive.
+        self._families.clear()
+        self._meta_handle = None
+        self._meta = None
+        self.db.close()
+        self.db = None
