@@ -491,9 +491,12 @@ class Broker:
             queue = self.queue(destination)
             mark = queue.delivered_mark = marks.get(destination, 0)
             for seq, data in store.iter_messages(destination):
+                max_seq = max(max_seq, seq)
+                if queue.over_memory():
+                    queue.restore_paged(seq)  # stays in the store, not decoded
+                    continue
                 # Handed out before the restart and never acked: flag it redelivered.
                 queue.restore(Entry(decode_message(data), seq, redeliveries=1 if seq <= mark else 0))
-                max_seq = max(max_seq, seq)
         referenced: set[tuple[str, int]] = set()
         for key, raw in store.iter_records(DURABLE_REF_KIND):
             queue_key, seq_text = key.rsplit("\0", 1)

@@ -32,5 +32,10 @@ class Policy:
     max_page_size: int = 400
     # Seconds between sweeps that move expired messages out of idle queues.
     expiry_check_interval: float = 1.0
+    # Bytes of pending messages one queue keeps in memory (0: no limit).  Beyond it a
+    # queue's persistent messages stay only in the store and are paged back in as
+    # consumers drain it (ActiveMQ's store cursor), so a deep backlog does not grow
+    # the process.  Priority order holds within what is in memory.
+    queue_memory_limit: int = 32 * 1024 * 1024
     # Default for messages whose producer did not say (STOMP `persistent`).
     default_persistent: bool = False

@@ -14,22 +14,30 @@ leaving the rest in place and in order (ActiveMQ's page-in window).
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from core.consumer import Consumer
 from core.entry import Entry
+from core.message import decode_message
 from core.policy import Policy
 
 if TYPE_CHECKING:
     pass
 
 PRIORITIES = 10
+# What an entry costs in memory beyond its body (the Entry, Message and dicts), roughly.
+ENTRY_OVERHEAD = 400
+
+
+def cost(entry: Entry) -> int:
+    return len(entry.message.body) + ENTRY_OVERHEAD
 
 
 class Storage(Protocol):
     """Where a queue keeps its persistent entries (queue range, or durable refs)."""
 
     key: str
+    store: Any
 
     def add(self, entry: Entry) -> None: ...
 
@@ -50,30 +58,39 @@ class Host(Protocol):
 class Pending:
     """Entries waiting for a consumer: a deque per priority, highest served first."""
 
-    __slots__ = ("levels", "size")
+    __slots__ = ("levels", "size", "bytes")
 
     def __init__(self) -> None:
         self.levels: list[deque[Entry]] = [deque() for _ in range(PRIORITIES)]
         self.size = 0
+        self.bytes = 0  # what the entries cost in memory, for the queue's memory limit
 
     def append(self, entry: Entry) -> None:
         self.levels[entry.message.priority].append(entry)
         self.size += 1
+        self.bytes += cost(entry)
 
     def push_front(self, entries: list[Entry]) -> None:
         """Put entries back ahead of everything of their priority, keeping their order."""
         levels = self.levels
         for entry in reversed(entries):
             levels[entry.message.priority].appendleft(entry)
+            self.bytes += cost(entry)
         self.size += len(entries)
+
+    def taken(self, entry: Entry) -> None:
+        """Account for an entry removed from a level directly."""
+        self.size -= 1
+        self.bytes -= cost(entry)
 
     def popleft(self) -> Entry:
         levels = self.levels
         for p in range(PRIORITIES - 1, -1, -1):
             level = levels[p]
             if level:
-                self.size -= 1
-                return level.popleft()
+                entry = level.popleft()
+                self.taken(entry)
+                return entry
         raise IndexError("pop from empty Pending")
 
     def __iter__(self) -> Iterator[Entry]:
@@ -88,6 +105,7 @@ class Pending:
         for level in self.levels:
             level.clear()
         self.size = 0
+        self.bytes = 0
         return out
 
 
@@ -107,6 +125,11 @@ class MessageQueue:
         # Highest stored seq ever handed to a consumer: after a crash, entries up to
         # it may have been seen and come back flagged redelivered (JMS's hint).
         self.delivered_mark = 0
+        # Paging: entries beyond the memory limit live only in the store, from
+        # page_from on (every stored entry after it is paged too, keeping FIFO).
+        self.memory_limit = host.policy.queue_memory_limit if getattr(storage, "pageable", False) else 0
+        self.paged = 0
+        self.page_from = 0
         self._rr = 0
         self._selectors = 0
         self._exclusives = 0
@@ -118,7 +141,7 @@ class MessageQueue:
     # -- state ----------------------------------------------------------
 
     def __len__(self) -> int:
-        return self.pending.size
+        return self.pending.size + self.paged
 
     @property
     def inflight(self) -> int:
@@ -135,6 +158,13 @@ class MessageQueue:
         if self.storage is not None and message.persistent and not entry.stored:
             self.storage.add(entry)
             entry.stored = True
+        if entry.stored and (self.paged or (self.memory_limit and self.pending.bytes >= self.memory_limit)):
+            # Over the memory limit: it waits in the store until consumers catch up.
+            if not self.paged:
+                self.page_from = entry.seq
+            self.paged += 1
+            self.enqueued += 1
+            return
         self.pending.append(entry)
         self.enqueued += 1
         if message.group_id is not None:
@@ -147,11 +177,47 @@ class MessageQueue:
     def restore(self, entry: Entry) -> None:
         """Add an entry recovered from the store (already stored, not counted again)."""
         entry.stored = True
+        if self.paged or (self.memory_limit and self.pending.bytes >= self.memory_limit):
+            self.restore_paged(entry.seq)
+            return
         self.pending.append(entry)
         if entry.message.group_id is not None:
             self._uses_groups = True
         if entry.message.expiration:
             self._may_expire = True
+
+    def restore_paged(self, seq: int) -> None:
+        """Count a stored entry left in the store at recovery (beyond the memory limit)."""
+        if not self.paged:
+            self.page_from = seq
+        self.paged += 1
+
+    def over_memory(self) -> bool:
+        return bool(self.paged or (self.memory_limit and self.pending.bytes >= self.memory_limit))
+
+    def _page_in(self) -> None:
+        """Bring paged entries back from the store, oldest first, up to the memory limit."""
+        storage = self.storage
+        storage.store.flush()  # reads see only written batches  # type: ignore[union-attr]
+        budget = self.memory_limit - self.pending.bytes
+        mark = self.delivered_mark
+        loaded = 0
+        exhausted = True
+        for seq, data in storage.store.iter_messages(storage.destination, self.page_from):  # type: ignore[union-attr]
+            if budget <= 0:
+                self.page_from = seq
+                exhausted = False
+                break
+            entry = Entry(decode_message(data), seq, redeliveries=1 if seq <= mark else 0, stored=True)
+            self.pending.append(entry)
+            message = entry.message
+            if message.group_id is not None:
+                self._uses_groups = True
+            if message.expiration:
+                self._may_expire = True
+            budget -= cost(entry)
+            loaded += 1
+        self.paged = 0 if exhausted else max(0, self.paged - loaded)
 
     def push_front(self, entries: list[Entry]) -> None:
         """Return entries for redelivery, ahead of newer ones, in their original order."""
@@ -214,19 +280,25 @@ class MessageQueue:
             # A delivery led back here (an ack, a redelivery): finish in the outer pass.
             self._again = True
             return
-        if not self.pending.size or not self.consumers:
+        if not self.consumers or not (self.pending.size or self.paged):
             return
         self._busy = True
         try:
             again = True
             while again:
                 self._again = False
+                if self.paged and self.pending.bytes < self.memory_limit // 2:
+                    self._page_in()
                 targets = self.active_consumers()
                 if self._selectors or self._uses_groups:
                     self._dispatch_scan(targets)
                 else:
                     self._dispatch_simple(targets)
-                again = self._again and self.pending.size > 0
+                again = (self._again and self.pending.size > 0) or bool(
+                    # Memory drained while the store still holds more: page in and go on.
+                    self.paged and self.pending.bytes < self.memory_limit // 2
+                    and any(c.has_credit() for c in targets)
+                )
         finally:
             self._busy = False
 
@@ -296,14 +368,14 @@ class MessageQueue:
                 budget -= 1
                 message = entry.message
                 if message.expiration and message.expiration <= now:
-                    pending.size -= 1
+                    pending.taken(entry)
                     self.host.expired(self, entry)
                     continue
                 consumer = self._choose(targets, entry)
                 if consumer is None:
                     kept.append(entry)
                     continue
-                pending.size -= 1
+                pending.taken(entry)
                 if message.group_seq == -1 and message.group_id is not None:
                     # The last message of a group closes it: the next one starts afresh.
                     owner = self.groups.pop(message.group_id, None)
@@ -332,7 +404,7 @@ class MessageQueue:
                 expiration = entry.message.expiration
                 if expiration and expiration <= now_ms:
                     expired += 1
-                    self.pending.size -= 1
+                    self.pending.taken(entry)
                     self.host.expired(self, entry)
                 else:
                     if expiration:
@@ -352,14 +424,24 @@ class MessageQueue:
                 removed.extend(e for e in level if e.seq in seqs)
                 level.clear()
                 level.extend(kept)
-        self.pending.size -= len(removed)
+        for entry in removed:
+            self.pending.taken(entry)
         return removed
 
     def purge(self) -> int:
         entries = self.pending.clear()
         for entry in entries:
             self.settle(entry)
-        return len(entries)
+        purged = len(entries)
+        if self.paged:
+            storage = self.storage
+            storage.store.flush()  # type: ignore[union-attr]
+            for seq, _ in list(storage.store.iter_messages(storage.destination, self.page_from)):  # type: ignore[union-attr]
+                storage.store.delete_message(storage.destination, seq)  # type: ignore[union-attr]
+                purged += 1
+                self.dequeued += 1
+            self.paged = 0
+        return purged
 
     def __repr__(self) -> str:
         return f"<MessageQueue {self.name} pending={self.pending.size} consumers={len(self.consumers)}>"

@@ -25,6 +25,8 @@ def seq_key(seq: int) -> str:
 
 class QueueStorage:
     __slots__ = ("store", "destination", "key")
+    # Its entries are one key range, so a queue can leave them there and page them in.
+    pageable = True
 
     def __init__(self, store: Store, destination: str) -> None:
         self.store = store
@@ -62,6 +64,8 @@ class TopicMessages:
 
 class DurableStorage:
     __slots__ = ("store", "key", "messages")
+    # References to topic messages: not paged (yet); a durable backlog stays in memory.
+    pageable = False
 
     def __init__(self, store: Store, key: str, messages: TopicMessages) -> None:
         self.store = store

@@ -37,11 +37,12 @@ class MemoryStore(Store):
                 del self._messages[destination]
         self.writes += 1
 
-    def iter_messages(self, destination: str) -> Iterator[tuple[int, bytes]]:
+    def iter_messages(self, destination: str, start_seq: int = 0) -> Iterator[tuple[int, bytes]]:
         self._check()
         messages = self._messages.get(destination, {})
         for seq in sorted(messages):
-            yield seq, messages[seq]
+            if seq >= start_seq:
+                yield seq, messages[seq]
 
     def destinations(self) -> list[str]:
         self._check()

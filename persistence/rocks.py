@@ -26,7 +26,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from rocksdict import AccessType, Options, ReadOptions, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from persistence.store import Store, StoreError
 

@@ -33,8 +33,8 @@ class Store(abc.ABC):
     def delete_message(self, destination: str, seq: int) -> None: ...
 
     @abc.abstractmethod
-    def iter_messages(self, destination: str) -> Iterator[tuple[int, bytes]]:
-        """The destination's messages in sequence order."""
+    def iter_messages(self, destination: str, start_seq: int = 0) -> Iterator[tuple[int, bytes]]:
+        """The destination's messages from ``start_seq`` on, in sequence order."""
 
     @abc.abstractmethod
     def destinations(self) -> list[str]:

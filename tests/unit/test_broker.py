@@ -369,3 +369,50 @@ def test_delivered_but_unacked_comes_back_redelivered_after_a_restart():
     sink2 = Sink()
     again.connect().subscribe("queue://q", sink2, ack_mode=AckMode.CLIENT_INDIVIDUAL)
     assert [(b, r) for b, _, r in sink2.got] == [("seen", 1), ("unseen", 0)]
+
+
+def test_queue_beyond_its_memory_limit_pages_through_the_store_in_order():
+    store = MemoryStore()
+    policy = Policy(queue_memory_limit=20 * 1400)  # about 20 messages of 1000 bytes
+    broker, _ = make(policy, store)
+    c = broker.connect()
+    for i in range(100):
+        c.send(Message(broker.new_message_id(), "queue://deep", b"%04d" % i + b"x" * 996, persistent=True))
+    queue = broker.queues["queue://deep"]
+    assert len(queue) == 100 and queue.pending.size <= 21 and queue.paged >= 79
+    assert queue.pending.bytes <= policy.queue_memory_limit + 1400
+    sink = Sink()
+    consumer = c.subscribe("queue://deep", sink, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=10)
+    seen = []
+    while len(seen) < 100:
+        assert sink.got, f"stalled after {len(seen)}"
+        body, tag, _ = sink.got.pop(0)
+        seen.append(body[:4])
+        c.ack(consumer, tag)
+    assert seen == ["%04d" % i for i in range(100)]
+    assert len(queue) == 0 and not list(store.iter_messages("queue://deep"))
+
+
+def test_recovery_leaves_a_deep_queue_in_the_store():
+    store = MemoryStore()
+    policy = Policy(queue_memory_limit=10 * 1400)
+    broker, _ = make(policy, store)
+    c = broker.connect()
+    for i in range(50):
+        c.send(Message(broker.new_message_id(), "queue://deep", b"%04d" % i + b"x" * 996, persistent=True))
+    again, _ = make(policy, store.reopen())
+    queue = again.queues["queue://deep"]
+    assert len(queue) == 50 and queue.pending.size <= 11
+    sink = Sink()
+    again.connect().subscribe("queue://deep", sink)
+    assert [b[:4] for b in sink.bodies] == ["%04d" % i for i in range(50)]
+
+
+def test_purge_of_a_paged_queue_empties_the_store():
+    store = MemoryStore()
+    broker, _ = make(Policy(queue_memory_limit=5 * 1400), store)
+    c = broker.connect()
+    for i in range(30):
+        c.send(Message(broker.new_message_id(), "queue://p", b"x" * 1000, persistent=True))
+    assert broker.queues["queue://p"].purge() == 30
+    assert len(broker.queues["queue://p"]) == 0 and not list(store.iter_messages("queue://p"))
