@@ -24,13 +24,16 @@ from core.storage import (
     DELIVERED_KIND,
     DURABLE_KIND,
     DURABLE_REF_KIND,
+    RECORD_OVERHEAD,
     RETAINED_KIND,
     SCHEDULED_KIND,
     STATE_KIND,
     DurableStorage,
     QueueStorage,
+    StoreUsage,
     TopicMessages,
     seq_key,
+    stored_size,
 )
 from core.topic import Subscription, TopicSpace
 from core.trie import filter_matches
@@ -60,7 +63,8 @@ class Broker:
         self.durable_queues: dict[str, MessageQueue] = {}    # queue key -> queue fed by durables
         self.shared: dict[str, tuple[Subscription, int]] = {}  # shared subscription -> (sub, members)
         self.retained: dict[tuple[str, ...], Message] = {}
-        self.topic_messages = TopicMessages(store)
+        self.store_usage = StoreUsage(self.policy.store_limit)
+        self.topic_messages = TopicMessages(store, self.store_usage)
         self.connections: dict[str, "Connection"] = {}
         self.temp_owners: dict[str, str] = {}  # temp queue -> owning connection id
         self._seq = 1
@@ -133,7 +137,7 @@ class Broker:
             if name.startswith("temp-queue://"):
                 queue = MessageQueue(name, self)
             else:
-                queue = MessageQueue(name, self, QueueStorage(self.store, name))
+                queue = MessageQueue(name, self, QueueStorage(self.store, name, self.store_usage))
             self.queues[name] = queue
         return queue
 
@@ -490,13 +494,17 @@ class Broker:
                 continue
             queue = self.queue(destination)
             mark = queue.delivered_mark = marks.get(destination, 0)
+            usage = self.store_usage
             for seq, data in store.iter_messages(destination):
                 max_seq = max(max_seq, seq)
                 if queue.over_memory():
                     queue.restore_paged(seq)  # stays in the store, not decoded
+                    usage.add(len(data))
                     continue
                 # Handed out before the restart and never acked: flag it redelivered.
-                queue.restore(Entry(decode_message(data), seq, redeliveries=1 if seq <= mark else 0))
+                entry = Entry(decode_message(data), seq, redeliveries=1 if seq <= mark else 0)
+                queue.restore(entry)
+                usage.add(stored_size(entry))
         referenced: set[tuple[str, int]] = set()
         for key, raw in store.iter_records(DURABLE_REF_KIND):
             queue_key, seq_text = key.rsplit("\0", 1)
@@ -510,6 +518,8 @@ class Broker:
             mark = marks.get(queue_key, 0)
             queue.delivered_mark = max(queue.delivered_mark, mark)
             queue.restore(Entry(message, seq, redeliveries=1 if seq <= mark else 0))
+            if seq not in self.topic_messages.refs:
+                self.store_usage.add(len(message.body) + RECORD_OVERHEAD)
             self.topic_messages.refs[seq] = self.topic_messages.refs.get(seq, 0) + 1
             referenced.add((topic, seq))
         for (topic, seq) in topic_cache.keys() - referenced:

@@ -37,5 +37,10 @@ class Policy:
     # consumers drain it (ActiveMQ's store cursor), so a deep backlog does not grow
     # the process.  Priority order holds within what is in memory.
     queue_memory_limit: int = 32 * 1024 * 1024
+    # Bytes of persistent messages the store may hold (0: no limit; ActiveMQ's storeUsage).
+    # When reached, producers of persistent messages are held back ("block": their
+    # socket is not read until consumers make room) or refused ("fail").
+    store_limit: int = 10 * 1024 * 1024 * 1024
+    store_full_policy: str = "block"
     # Default for messages whose producer did not say (STOMP `persistent`).
     default_persistent: bool = False

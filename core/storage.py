@@ -7,6 +7,8 @@ deleted when the last reference goes (one copy, a position per subscriber).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from core.entry import Entry
 from core.message import encode_message
 from persistence.store import Store
@@ -23,34 +25,84 @@ def seq_key(seq: int) -> str:
     return f"{seq:020d}"
 
 
+# Bytes a stored message counts for beyond its body (key, headers, record framing).
+RECORD_OVERHEAD = 64
+
+
+def stored_size(entry: Entry) -> int:
+    return len(entry.message.body) + RECORD_OVERHEAD
+
+
+class StoreUsage:
+    """Bytes of messages the core keeps in the store, against the store limit.
+
+    Counted by the core as it writes and deletes, so it is exact and O(1) to
+    read, unlike a database's size figures that lag behind its compactions.
+    Producers held back because the limit was reached wait in ``when_space``
+    and are resumed once consumers bring usage under 90% of it.
+    """
+
+    __slots__ = ("bytes", "limit", "waiters")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.bytes = 0
+        self.limit = limit
+        self.waiters: list[Callable[[], None]] = []
+
+    @property
+    def full(self) -> bool:
+        return self.limit > 0 and self.bytes >= self.limit
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+
+    def sub(self, n: int) -> None:
+        self.bytes = max(0, self.bytes - n)
+        if self.waiters and self.bytes < self.limit * 0.9:
+            waiters, self.waiters = self.waiters, []
+            for resume in waiters:
+                resume()
+
+    def when_space(self, resume: Callable[[], None]) -> None:
+        if self.full:
+            self.waiters.append(resume)
+        else:
+            resume()
+
+
 class QueueStorage:
-    __slots__ = ("store", "destination", "key")
+    __slots__ = ("store", "destination", "key", "usage")
     # Its entries are one key range, so a queue can leave them there and page them in.
     pageable = True
 
-    def __init__(self, store: Store, destination: str) -> None:
+    def __init__(self, store: Store, destination: str, usage: StoreUsage) -> None:
         self.store = store
         self.destination = destination
         self.key = destination
+        self.usage = usage
 
     def add(self, entry: Entry) -> None:
         self.store.put_message(self.destination, entry.seq, encode_message(entry.message))
+        self.usage.add(stored_size(entry))
 
     def remove(self, entry: Entry) -> None:
         self.store.delete_message(self.destination, entry.seq)
+        self.usage.sub(stored_size(entry))
 
 
 class TopicMessages:
     """Reference counts of stored topic messages, shared by all durable subscriptions."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, usage: StoreUsage) -> None:
         self.store = store
+        self.usage = usage
         self.refs: dict[int, int] = {}
 
     def retain(self, entry: Entry) -> None:
         count = self.refs.get(entry.seq, 0)
         if count == 0:
             self.store.put_message(entry.message.destination, entry.seq, encode_message(entry.message))
+            self.usage.add(stored_size(entry))
         self.refs[entry.seq] = count + 1
 
     def release(self, entry: Entry) -> None:
@@ -58,6 +110,7 @@ class TopicMessages:
         if count <= 0:
             self.refs.pop(entry.seq, None)
             self.store.delete_message(entry.message.destination, entry.seq)
+            self.usage.sub(stored_size(entry))
         else:
             self.refs[entry.seq] = count
 

@@ -45,6 +45,10 @@ class PersistenceConfig:
     max_batch: int = 2000
     # Seconds between retries of the store lock while another broker holds it (standby).
     lock_retry_interval: float = 1.0
+    # Disk given back: every compaction_interval seconds, compact once this many
+    # deletes (acks) have accumulated, so deleted ranges do not hold space.
+    compaction_interval: float = 60.0
+    compaction_deletes: int = 100_000
 
 
 @dataclass
@@ -181,5 +185,7 @@ def validate(config: Config) -> None:
             raise ConfigError(f"[persistence.groups] {name}: a list of patterns like \"queue://orders.>\"")
     if config.ws_settings.max_message_size <= 0:
         raise ConfigError("[websocket] max_message_size must be positive")
+    if config.policy.store_full_policy not in ("block", "fail"):
+        raise ConfigError("[policy] store_full_policy must be block or fail")
     if not config.policy.dead_letter_queue.startswith("queue://"):
         raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")

@@ -65,6 +65,22 @@ class Gateway:
             "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings),
         }
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
+        self._housekeeping: Any = None
+
+    def reclaim(self, force: bool = False) -> bool:
+        """Compact the store when enough has been deleted since the last time (or when forced)."""
+        store = self.store
+        deletes = getattr(store, "deletes_since_compaction", 0)
+        if not deletes or not (force or deletes >= self.config.persistence.compaction_deletes):
+            return False
+        started = self.reactor.seconds()
+        store.compact()  # type: ignore[union-attr]
+        log.info("store compacted after {n} deletes in {s:.2f}s", n=deletes, s=self.reactor.seconds() - started)
+        return True
+
+    def _housekeep(self) -> None:
+        self.reclaim()
+        self._housekeeping = self.reactor.callLater(self.config.persistence.compaction_interval, self._housekeep)
 
     def _websocket_session(self, kind: str, transport: Any, remote: str) -> Any:
         """The same session classes as on TCP: no protocol logic is written twice."""
@@ -98,6 +114,8 @@ class Gateway:
         self.broker.start()
         self.mqtt_hub.recover()
         self.sys.start()
+        if self.config.persistence.compaction_interval > 0:
+            self._housekeeping = self.reactor.callLater(self.config.persistence.compaction_interval, self._housekeep)
         for name, factory in self.factories.items():
             listener = getattr(self.config, name)
             self._listen(name, listener.host or self.config.host, listener.port, factory, ephemeral)
@@ -152,6 +170,8 @@ class Gateway:
             d = defer.Deferred()
             self.reactor.callLater(0.05, d.callback, None)
             yield d
+        if self._housekeeping is not None and self._housekeeping.active():
+            self._housekeeping.cancel()
         if self.broker is not None:
             self.sys.stop()
             self.broker.stop()

@@ -38,6 +38,13 @@ class SessionProtocol(protocol.Protocol):
     def write(self, data: bytes) -> None:
         self.transport.write(data)
 
+    def pause_reading(self) -> None:
+        """Stop reading this client (producer flow control); its socket buffer fills, then TCP pushes back."""
+        self.transport.pauseProducing()
+
+    def resume_reading(self) -> None:
+        self.transport.resumeProducing()
+
     def close(self) -> None:
         # Unregister first: Twisted holds a close back while a paused producer is attached.
         if self.transport.producer is not None:

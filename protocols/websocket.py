@@ -112,6 +112,12 @@ class GatewayWebSocketProtocol(WebSocketServerProtocol):
         else:
             self.sendMessage(data, isBinary=True)
 
+    def pause_reading(self) -> None:
+        self.transport.pauseProducing()
+
+    def resume_reading(self) -> None:
+        self.transport.resumeProducing()
+
     def close(self) -> None:
         reason = getattr(self.session, "close_reason", "normal")
         code = {"error": CLOSE_PROTOCOL_ERROR, "shutdown": CLOSE_GOING_AWAY}.get(reason, CLOSE_NORMAL)

@@ -76,6 +76,10 @@ class MqttSettings:
 class Transport(Protocol):
     def write(self, data: bytes) -> None: ...
 
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -237,6 +241,7 @@ class MqttSession:
         self._inflight = 0
         self._send_quota = self.settings.max_inflight
         self._transport_paused = False
+        self._held = False  # reading paused by producer flow control
         # Why the session ended, for transports that can say (WebSocket close codes).
         self.close_reason = "normal"
 
@@ -408,6 +413,10 @@ class MqttSession:
             except UnicodeDecodeError:
                 self._reject_publish(packet, ReasonCode.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8 as its format indicator says")
                 return
+        usage = self.broker.store_usage
+        if qos and usage.full and self.broker.policy.store_full_policy == "fail":
+            self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, "the broker's store is full")
+            return
         try:
             destination = self._publish_destination(topic)
             message = self._message(destination, packet, props)
@@ -415,6 +424,12 @@ class MqttSession:
         except (InvalidTopic, BrokerError) as exc:
             self._reject_publish(packet, ReasonCode.TOPIC_NAME_INVALID, str(exc))
             return
+        if qos and usage.full and not self._held and self.broker.policy.store_full_policy == "block":
+            # Producer flow control: read nothing more from this client until there is room.
+            self._held = True
+            log.info("[{label}] store limit reached: holding this publisher", label=self.label)
+            self.transport.pause_reading()
+            usage.when_space(self._release_hold)
         if qos == 1:
             data = mq.encode(mq.Puback(pid), self.level)
             self.conn.when_durable(lambda: self._write(data))
@@ -423,6 +438,12 @@ class MqttSession:
             self.hub.save(self.client)  # type: ignore[arg-type]  # in the message's batch, before PUBREC
             data = mq.encode(mq.Pubrec(pid), self.level)
             self.conn.when_durable(lambda: self._write(data))
+
+    def _release_hold(self) -> None:
+        self._held = False
+        if not self.closed:
+            log.info("[{label}] store has room again: resuming this publisher", label=self.label)
+            self.transport.resume_reading()
 
     def _reject_publish(self, packet: mq.Publish, reason: int, why: str) -> None:
         if packet.qos and self.level == 5:

@@ -66,6 +66,10 @@ class StompSettings:
 class Transport(Protocol):
     def write(self, data: bytes) -> None: ...
 
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
     def close(self) -> None:
         """Close after the written data is flushed."""
 
@@ -115,6 +119,7 @@ class StompSession:
         self.label = remote
         # Why the session ended, for transports that can say (WebSocket close codes).
         self.close_reason = "normal"
+        self._held = False  # reading paused by producer flow control
         self._connect_timer: Any = None
         if settings.connect_timeout > 0:
             self._connect_timer = broker.clock.callLater(settings.connect_timeout, self._connect_timed_out)
@@ -293,6 +298,9 @@ class StompSession:
                 reply_to = names.to_canonical(reply_to, self.conn.temp_queue)  # type: ignore[union-attr]
             except BrokerError:
                 pass
+        usage = broker.store_usage
+        if persistent and usage.full and broker.policy.store_full_policy == "fail":
+            raise StompError("Store limit reached", "the broker's store is full; retry once consumers have caught up")
         custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL}
         message = Message(
             broker.new_message_id(), destination, frame.body, custom,
@@ -301,6 +309,18 @@ class StompSession:
             reply_to=reply_to, content_type=h.get("content-type"),
         )
         self.conn.send(message, h.get("transaction"), delay)  # type: ignore[union-attr]
+        if persistent and usage.full and not self._held and broker.policy.store_full_policy == "block":
+            # Producer flow control: read nothing more from this client until there is room.
+            self._held = True
+            log.info("[{label}] store limit reached: holding this producer", label=self.label)
+            self.transport.pause_reading()
+            usage.when_space(self._release_hold)
+
+    def _release_hold(self) -> None:
+        self._held = False
+        if not self.closed:
+            log.info("[{label}] store has room again: resuming this producer", label=self.label)
+            self.transport.resume_reading()
 
     # -- consuming ----------------------------------------------------------
 

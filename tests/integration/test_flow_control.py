@@ -1,0 +1,118 @@
+"""The store limit: producers are held back (or refused) and resume when consumers make room."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from protocols.mqtt import codec as mq
+from tests.support import RawMqtt, bodies, connect, disconnect, mqtt_close, mqtt_connect
+
+BODY = "x" * 1000
+LIMIT = 40_000  # about 37 messages of 1000 bytes
+
+
+def send_with_receipts(conn, got, destination, count):
+    """Send persistent messages from a thread; returns the thread and the ids sent so far."""
+    sent = []
+
+    def run():
+        for i in range(count):
+            conn.send(destination, f"{i:04d}" + BODY, headers={"persistent": "true"}, receipt=f"r{i}")
+            sent.append(i)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, sent
+
+
+def wait_stable(read, quiet=0.5, timeout=10):
+    """Wait until read() stops changing for ``quiet`` seconds; returns its value."""
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    raise AssertionError("kept changing")
+
+
+@pytest.mark.policy(store_limit=LIMIT, store_full_policy="block")
+def test_stomp_producer_is_held_at_the_limit_and_resumes(broker):
+    producer, pgot = connect(broker, "1.2")
+    thread, _ = send_with_receipts(producer, pgot, "/queue/full", 120)
+    held_at = wait_stable(lambda: len(pgot.receipts))
+    assert 30 <= held_at < 120, f"{held_at} receipts: the producer was not held at the limit"
+    assert broker.queue_depth("queue://full") <= held_at + 1
+
+    consumer, cgot = connect(broker, "1.2")
+    consumer.subscribe("/queue/full", id="c", ack="client-individual", headers={"activemq.prefetchSize": "20"})
+    acked = 0
+    deadline = time.monotonic() + 20
+    while acked < 120 and time.monotonic() < deadline:
+        for message in cgot.messages[acked:]:
+            consumer.ack(message.headers["ack"])
+            acked += 1
+        time.sleep(0.01)
+    thread.join(10)
+    assert len(pgot.wait_for(120, what="receipts", timeout=10)) == 120
+    assert [b[:4] for b in bodies(cgot.messages)] == [f"{i:04d}" for i in range(120)]
+    disconnect(producer)
+    disconnect(consumer)
+
+
+@pytest.mark.policy(store_limit=LIMIT, store_full_policy="block")
+def test_mqtt_publisher_is_held_at_the_limit_and_resumes(broker):
+    sub, sub_got = mqtt_connect(broker, "keeper", clean=False)
+    sub.subscribe("full/#", qos=1)
+    sub_got.wait_for(1, what="subacks")
+    mqtt_close(sub)  # its session keeps QoS 1 messages: they fill the store
+    publisher, _ = mqtt_connect(broker, "pub")
+    infos = [publisher.publish("full/t", f"{i:04d}".encode() + BODY.encode(), qos=1) for i in range(100)]
+    acked = wait_stable(lambda: sum(i.is_published() for i in infos))
+    assert 30 <= acked < 100, f"{acked} PUBACKs: the publisher was not held"
+    sub, sub_got = mqtt_connect(broker, "keeper", clean=False)  # drains the session
+    deadline = time.monotonic() + 20
+    while sum(i.is_published() for i in infos) < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(i.is_published() for i in infos)
+    payloads = [m.payload[:4].decode() for m in sub_got.wait_for(100, timeout=10)]
+    assert sorted(set(payloads)) == [f"{i:04d}" for i in range(100)]
+    mqtt_close(publisher)
+    mqtt_close(sub)
+
+
+@pytest.mark.policy(store_limit=LIMIT, store_full_policy="fail")
+def test_fail_policy_refuses_persistent_sends_with_a_clear_error(broker):
+    producer, got = connect(broker, "1.2")
+    for i in range(60):
+        producer.send("/queue/refuse", BODY, headers={"persistent": "true"})
+    (error,) = got.wait_for(1, what="errors")
+    assert error.headers["message"] == "Store limit reached"
+    assert 30 <= broker.queue_depth("queue://refuse") < 60
+    # Non-persistent messages are not stored, so they are not limited by the store.
+    other, other_got = connect(broker, "1.2")
+    other.subscribe("/queue/light", id="l")
+    other.send("/queue/light", "still fine")
+    assert other_got.wait_for(1)[0].body == "still fine"
+    disconnect(other)
+
+
+@pytest.mark.policy(store_limit=LIMIT, store_full_policy="fail")
+def test_fail_policy_answers_mqtt5_with_quota_exceeded(broker):
+    keeper, keeper_got = mqtt_connect(broker, "keeper5", clean=False)
+    keeper.subscribe("q/#", qos=1)
+    keeper_got.wait_for(1, what="subacks")
+    mqtt_close(keeper)
+    raw = RawMqtt(broker, level=5)
+    assert raw.connect("raw-pub").reason_code == 0
+    codes = []
+    for i in range(60):
+        raw.packet(mq.Publish("q/t", BODY.encode(), qos=1, packet_id=i + 1))
+        codes.append(raw.read(2).reason_code)
+    assert codes[0] == 0 and codes[-1] == mq.ReasonCode.QUOTA_EXCEEDED, codes
+    raw.close()
