@@ -24,6 +24,7 @@ from core.storage import (
     DELIVERED_KIND,
     DURABLE_KIND,
     DURABLE_REF_KIND,
+    META_KIND,
     RECORD_OVERHEAD,
     RETAINED_KIND,
     SCHEDULED_KIND,
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
     from core.connection import Connection
 
 log = Logger(namespace="gateway.core")
+
+# Sequence numbers reserved per store write (see next_seq).
+SEQ_BLOCK = 10_000
 
 
 class Clock(Protocol):
@@ -68,6 +72,7 @@ class Broker:
         self.connections: dict[str, "Connection"] = {}
         self.temp_owners: dict[str, str] = {}  # temp queue -> owning connection id
         self._seq = 1
+        self._seq_reserved = 0
         self._ids = itertools.count(1)
         self._conn_ids = itertools.count(1)
         self._id_prefix = f"ID:{name}-{int(time.time() * 1000)}-"
@@ -119,6 +124,12 @@ class Broker:
     def next_seq(self) -> int:
         seq = self._seq
         self._seq = seq + 1
+        if seq >= self._seq_reserved:
+            # Reserve a block in the store before using it, so no number is ever
+            # handed out twice, even when everything numbered before a restart is
+            # gone (MQTT state and delivered marks still refer to old numbers).
+            self._seq_reserved = seq + SEQ_BLOCK
+            self.store.put_record(META_KIND, "seq", self._seq_reserved.to_bytes(8, "big"))
         return seq
 
     def connect(self, client_id: str | None = None, protocol: str = "", remote: str = "") -> "Connection":
@@ -471,6 +482,10 @@ class Broker:
         store = self.store
         max_seq = 0
         marks = {key: int.from_bytes(raw, "big") for key, raw in store.iter_records(DELIVERED_KIND)}
+        for key, raw in store.iter_records(META_KIND, "seq"):
+            if key == "seq":
+                max_seq = max(max_seq, int.from_bytes(raw, "big"))
+        max_seq = max([max_seq, *marks.values()])
         for key, raw in store.iter_records(DURABLE_KIND):
             record = json.loads(raw)
             text = record.get("selector")

@@ -19,6 +19,7 @@ SCHEDULED_KIND = "scheduled"      # key: due ms : seq -> encoded message
 RETAINED_KIND = "retained"        # key: topic name -> encoded message
 DELIVERED_KIND = "delivered"      # key: storage key -> highest seq ever delivered (8 bytes)
 STATE_KIND = "state"              # key: protocol state name -> opaque bytes (MQTT sessions)
+META_KIND = "broker"              # key "seq": the first sequence number not yet reserved
 
 
 def seq_key(seq: int) -> str:

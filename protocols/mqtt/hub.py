@@ -75,6 +75,7 @@ class MqttHub:
             if isinstance(sub.selector, AwayFilter):
                 sub.selector = None  # back: QoS 0 messages are delivered again
         client.expiry = expiry
+        client.left_at = 0
         client.live = session
         self.live.add(session)
         self.save(client)
@@ -87,11 +88,20 @@ class MqttHub:
     def recover(self) -> None:
         """Rebuild the persistent sessions the store remembers, as if their clients had just left."""
         for name, data in self.broker.states("mqtt:"):
-            client = self._recover(name[len("mqtt:"):], json.loads(data))
+            state = json.loads(data)
+            client = self._recover(name[len("mqtt:"):], state)
             for sub in client.subs.values():
                 sub.selector = AwayFilter((sub.options or {}).get("qos", 0))
             if client.expiry != NEVER_EXPIRES:
-                client.expiry_timer = self.broker.clock.callLater(client.expiry, self._expired, client)
+                # The expiry counts from the disconnect, not from this start (as Mosquitto).
+                left_at = state.get("left_at") or self.broker.now_ms()
+                remaining = client.expiry - (self.broker.now_ms() - left_at) / 1000
+                if remaining <= 0:
+                    log.info("session of {client} expired while the broker was down", client=client.client_id)
+                    self._end(client)
+                    continue
+                client.left_at = left_at
+                client.expiry_timer = self.broker.clock.callLater(remaining, self._expired, client)
 
     def _recover(self, client_id: str, state: dict) -> ClientSession:
         """A persistent session that only the store remembers (the broker restarted)."""
@@ -117,6 +127,7 @@ class MqttHub:
         if client is None or client.live is not session:
             return
         client.live = None
+        client.left_at = self.broker.now_ms()
         if will is not None:
             delay = will.properties.get("will_delay_interval", 0) if level == 5 else 0
             if delay and client.expiry:

@@ -124,6 +124,7 @@ class ClientSession:
         self.expiry_timer: Any = None
         self.will_timer: Any = None
         self.pending_will: mq.Will | None = None      # a will waiting out its delay
+        self.left_at = 0                               # epoch ms of the last disconnect (0: connected)
 
     def packet_id_for(self, seq: int) -> int:
         """The packet id for a message: first choice derived from its sequence, so a
@@ -136,7 +137,8 @@ class ClientSession:
     def state(self) -> bytes:
         """What must outlive the process: expiry and the QoS 2 flows in progress."""
         return json.dumps({
-            "expiry": self.expiry, "released": self.released, "inbound": sorted(self.inbound_qos2),
+            "expiry": self.expiry, "left_at": self.left_at,
+            "released": self.released, "inbound": sorted(self.inbound_qos2),
         }).encode()
 
     def allocate_id(self) -> int:
