@@ -56,8 +56,13 @@ class Clock(Protocol):
 
 
 class Broker:
-    def __init__(self, store: Store, clock: Clock, policy: Policy | None = None, name: str = "gateway") -> None:
+    def __init__(
+        self, store: Store, clock: Clock, policy: Policy | None = None, name: str = "gateway",
+        spill: Store | None = None,
+    ) -> None:
         self.store = store
+        # Where non-persistent messages beyond a queue's memory limit wait (wiped at start).
+        self.spill = spill
         self.clock = clock
         self.policy = policy or Policy()
         self.name = name
@@ -500,11 +505,13 @@ class Broker:
         for key, data in store.iter_records(RETAINED_KIND):
             message = decode_message(data)
             self.retained[dest.topic_levels(key)] = message
-        topic_cache: dict[tuple[str, int], Message] = {}
+        # Stored topic messages are only listed here; a durable subscriber's entry reads
+        # its message below, unless it stays paged in the store.
+        topic_stored: set[tuple[str, int]] = set()
         for destination in store.destinations():
             if destination.startswith("topic://"):
-                for seq, data in store.iter_messages(destination):
-                    topic_cache[(destination, seq)] = decode_message(data)
+                for seq, _ in store.iter_messages(destination):
+                    topic_stored.add((destination, seq))
                     max_seq = max(max_seq, seq)
                 continue
             queue = self.queue(destination)
@@ -525,19 +532,25 @@ class Broker:
             queue_key, seq_text = key.rsplit("\0", 1)
             seq = int(seq_text)
             topic = raw.decode()
-            message = topic_cache.get((topic, seq))
             queue = self.durable_queues.get(queue_key)
-            if message is None or queue is None:
+            if (topic, seq) not in topic_stored or queue is None:
                 store.delete_record(DURABLE_REF_KIND, key)  # a reference left by a crash
                 continue
             mark = marks.get(queue_key, 0)
             queue.delivered_mark = max(queue.delivered_mark, mark)
-            queue.restore(Entry(message, seq, redeliveries=1 if seq <= mark else 0))
-            if seq not in self.topic_messages.refs:
-                self.store_usage.add(len(message.body) + RECORD_OVERHEAD)
+            first_ref = seq not in self.topic_messages.refs
+            if queue.over_memory():
+                queue.restore_paged(seq)
+                size = RECORD_OVERHEAD
+            else:
+                message = decode_message(store.get_message(topic, seq))  # type: ignore[arg-type]
+                queue.restore(Entry(message, seq, redeliveries=1 if seq <= mark else 0))
+                size = len(message.body) + RECORD_OVERHEAD
+            if first_ref:
+                self.store_usage.add(size)
             self.topic_messages.refs[seq] = self.topic_messages.refs.get(seq, 0) + 1
             referenced.add((topic, seq))
-        for (topic, seq) in topic_cache.keys() - referenced:
+        for (topic, seq) in topic_stored - referenced:
             store.delete_message(topic, seq)  # nobody holds it any more
         for key, data in store.iter_records(SCHEDULED_KIND):
             due_text, seq_text = key.split(":", 1)

@@ -13,12 +13,13 @@ leaving the rest in place and in order (ActiveMQ's page-in window).
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from core.consumer import Consumer
 from core.entry import Entry
-from core.message import decode_message
+from core.message import Message, decode_message, encode_message
 from core.policy import Policy
 
 if TYPE_CHECKING:
@@ -43,10 +44,13 @@ class Storage(Protocol):
 
     def remove(self, entry: Entry) -> None: ...
 
+    def page(self, start_seq: int) -> Iterator[tuple[int, Message]]: ...
+
 
 class Host(Protocol):
     policy: Policy
     messages_sent: int
+    spill: Any  # a Store for non-persistent messages beyond memory, or None
 
     def delivered(self, queue: "MessageQueue", seq: int) -> None: ...
 
@@ -127,8 +131,10 @@ class MessageQueue:
         self.delivered_mark = 0
         # Paging: entries beyond the memory limit live only in the store, from
         # page_from on (every stored entry after it is paged too, keeping FIFO).
-        self.memory_limit = host.policy.queue_memory_limit if getattr(storage, "pageable", False) else 0
+        pageable = getattr(storage, "pageable", False) or host.spill is not None
+        self.memory_limit = host.policy.queue_memory_limit if pageable else 0
         self.paged = 0
+        self.spilled = 0  # how many of the paged entries are in the spill store
         self.page_from = 0
         self._rr = 0
         self._selectors = 0
@@ -158,11 +164,8 @@ class MessageQueue:
         if self.storage is not None and message.persistent and not entry.stored:
             self.storage.add(entry)
             entry.stored = True
-        if entry.stored and (self.paged or (self.memory_limit and self.pending.bytes >= self.memory_limit)):
+        if self.memory_limit and self._page_out(entry):
             # Over the memory limit: it waits in the store until consumers catch up.
-            if not self.paged:
-                self.page_from = entry.seq
-            self.paged += 1
             self.enqueued += 1
             return
         self.pending.append(entry)
@@ -195,22 +198,53 @@ class MessageQueue:
     def over_memory(self) -> bool:
         return bool(self.paged or (self.memory_limit and self.pending.bytes >= self.memory_limit))
 
+    def _page_out(self, entry: Entry) -> bool:
+        """Leave an arriving entry outside memory when the queue is over its limit.
+
+        A stored entry stays where it is; a non-persistent one goes to the
+        spill store.  Once paging starts every later entry is paged too, so
+        the queue's order holds.
+        """
+        if not self.over_memory():
+            return False
+        if not entry.stored:
+            spill = self.host.spill
+            if spill is None:
+                return False
+            spill.put_message(self.name, entry.seq, encode_message(entry.message))
+            self.spilled += 1
+        if not self.paged:
+            self.page_from = entry.seq
+        self.paged += 1
+        return True
+
     def _page_in(self) -> None:
-        """Bring paged entries back from the store, oldest first, up to the memory limit."""
-        storage = self.storage
-        storage.store.flush()  # reads see only written batches  # type: ignore[union-attr]
+        """Bring paged entries back, oldest first, up to the memory limit: from the
+        store and the spill store, merged by sequence."""
+        sources = []
+        if self.storage is not None:
+            self.storage.store.flush()  # reads see only written batches
+            sources.append(((seq, message, True) for seq, message in self.storage.page(self.page_from)))
+        spill = self.host.spill
+        if self.spilled and spill is not None:
+            spill.flush()
+            sources.append(
+                ((seq, decode_message(data), False) for seq, data in spill.iter_messages(self.name, self.page_from))
+            )
         budget = self.memory_limit - self.pending.bytes
         mark = self.delivered_mark
         loaded = 0
         exhausted = True
-        for seq, data in storage.store.iter_messages(storage.destination, self.page_from):  # type: ignore[union-attr]
+        for seq, message, stored in heapq.merge(*sources, key=lambda item: item[0]):
             if budget <= 0:
                 self.page_from = seq
                 exhausted = False
                 break
-            entry = Entry(decode_message(data), seq, redeliveries=1 if seq <= mark else 0, stored=True)
+            entry = Entry(message, seq, redeliveries=1 if stored and seq <= mark else 0, stored=stored)
+            if not stored:
+                spill.delete_message(self.name, seq)  # type: ignore[union-attr]
+                self.spilled -= 1
             self.pending.append(entry)
-            message = entry.message
             if message.group_id is not None:
                 self._uses_groups = True
             if message.expiration:
@@ -218,6 +252,8 @@ class MessageQueue:
             budget -= cost(entry)
             loaded += 1
         self.paged = 0 if exhausted else max(0, self.paged - loaded)
+        if exhausted:
+            self.spilled = 0
 
     def push_front(self, entries: list[Entry]) -> None:
         """Return entries for redelivery, ahead of newer ones, in their original order."""
@@ -434,13 +470,18 @@ class MessageQueue:
             self.settle(entry)
         purged = len(entries)
         if self.paged:
-            storage = self.storage
-            storage.store.flush()  # type: ignore[union-attr]
-            for seq, _ in list(storage.store.iter_messages(storage.destination, self.page_from)):  # type: ignore[union-attr]
-                storage.store.delete_message(storage.destination, seq)  # type: ignore[union-attr]
-                purged += 1
-                self.dequeued += 1
-            self.paged = 0
+            if self.storage is not None:
+                self.storage.store.flush()
+                for seq, message in list(self.storage.page(self.page_from)):
+                    self.settle(Entry(message, seq, stored=True))
+                    purged += 1
+            spill = self.host.spill
+            if self.spilled and spill is not None:
+                spill.flush()
+                for seq, _ in list(spill.iter_messages(self.name, self.page_from)):
+                    spill.delete_message(self.name, seq)
+                    purged += 1
+            self.paged = self.spilled = 0
         return purged
 
     def __repr__(self) -> str:

@@ -7,10 +7,10 @@ deleted when the last reference goes (one copy, a position per subscriber).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 from core.entry import Entry
-from core.message import encode_message
+from core.message import Message, decode_message, encode_message
 from persistence.store import Store
 
 DURABLE_KIND = "durable"          # key: durable key -> subscription definition (JSON)
@@ -90,6 +90,11 @@ class QueueStorage:
         self.store.delete_message(self.destination, entry.seq)
         self.usage.sub(stored_size(entry))
 
+    def page(self, start_seq: int) -> Iterator[tuple[int, Message]]:
+        """Stored entries from start_seq on, oldest first (a queue paging back in)."""
+        for seq, data in self.store.iter_messages(self.destination, start_seq):
+            yield seq, decode_message(data)
+
 
 class TopicMessages:
     """Reference counts of stored topic messages, shared by all durable subscriptions."""
@@ -118,8 +123,7 @@ class TopicMessages:
 
 class DurableStorage:
     __slots__ = ("store", "key", "messages")
-    # References to topic messages: not paged (yet); a durable backlog stays in memory.
-    pageable = False
+    pageable = True
 
     def __init__(self, store: Store, key: str, messages: TopicMessages) -> None:
         self.store = store
@@ -133,3 +137,11 @@ class DurableStorage:
     def remove(self, entry: Entry) -> None:
         self.store.delete_record(DURABLE_REF_KIND, f"{self.key}\0{seq_key(entry.seq)}")
         self.messages.release(entry)
+
+    def page(self, start_seq: int) -> Iterator[tuple[int, Message]]:
+        """Referenced topic messages from start_seq on: the reference, then the one stored copy."""
+        for key, raw in self.store.iter_records(DURABLE_REF_KIND, f"{self.key}\0", seq_key(start_seq)):
+            seq = int(key.rsplit("\0", 1)[1])
+            data = self.store.get_message(raw.decode(), seq)
+            if data is not None:
+                yield seq, decode_message(data)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 from twisted.internet import defer
@@ -36,6 +37,7 @@ class Gateway:
         self.reactor = reactor
         self._given_store = store
         self.store: Store | None = None
+        self.spill: Store | None = None
         self.broker: Broker | None = None
         self.mqtt_hub: MqttHub | None = None
         self.factories: dict[str, Any] = {}
@@ -54,10 +56,19 @@ class Gateway:
             schedule=lambda flush: self.reactor.callLater(0, flush),
         )
 
+    def _open_spill(self) -> Store | None:
+        """The temporary store for non-persistent messages beyond memory: wiped at every start."""
+        if self._given_store is not None or self.config.persistence.backend == "memory":
+            return None
+        path = os.path.join(self.config.data_dir, "spill")
+        shutil.rmtree(path, ignore_errors=True)
+        return RocksStore(path, sync=False, schedule=lambda flush: self.reactor.callLater(0, flush))
+
     def _build(self, store: Store) -> None:
         config = self.config
         self.store = store
-        self.broker = Broker(store, self.reactor, config.policy, name=config.name)
+        self.spill = self._open_spill()
+        self.broker = Broker(store, self.reactor, config.policy, name=config.name, spill=self.spill)
         self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings)
         self.factories = {
             "stomp": stomp_factory(self.broker, config.stomp_settings),
@@ -176,4 +187,6 @@ class Gateway:
             self.sys.stop()
             self.broker.stop()
             self.store.close()
+            if self.spill is not None:
+                self.spill.close()
         log.info("broker stopped")

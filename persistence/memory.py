@@ -44,6 +44,10 @@ class MemoryStore(Store):
             if seq >= start_seq:
                 yield seq, messages[seq]
 
+    def get_message(self, destination: str, seq: int) -> bytes | None:
+        self._check()
+        return self._messages.get(destination, {}).get(seq)
+
     def destinations(self) -> list[str]:
         self._check()
         return sorted(self._messages)
@@ -58,11 +62,11 @@ class MemoryStore(Store):
         self._records.get(kind, {}).pop(key, None)
         self.writes += 1
 
-    def iter_records(self, kind: str, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+    def iter_records(self, kind: str, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
         self._check()
         records = self._records.get(kind, {})
         keys = sorted(records)
-        for key in keys[bisect.bisect_left(keys, prefix):]:
+        for key in keys[bisect.bisect_left(keys, prefix + start):]:
             if not key.startswith(prefix):
                 break
             yield key, records[key]
@@ -76,6 +80,10 @@ class MemoryStore(Store):
 
     def close(self) -> None:
         self._closed = True
+
+    def wipe(self) -> None:
+        self._messages.clear()
+        self._records.clear()
 
     def reopen(self) -> "MemoryStore":
         """The same contents as a fresh store object, as after a restart."""

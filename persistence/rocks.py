@@ -203,6 +203,13 @@ class RocksStore(Store):
         for key, value in cf.items(from_key=prefix + _SEQ.pack(start_seq), read_opt=bound):
             yield _SEQ.unpack(key[len(prefix):])[0], value
 
+    def get_message(self, destination: str, seq: int) -> bytes | None:
+        self._check()
+        family = self._family_for(destination, create=False)
+        if family is None:
+            return None
+        return self.db.get_column_family(family).get(self._message_key(destination, seq))
+
     def destinations(self) -> list[str]:
         self._check()
         return sorted(self._dest_family)
@@ -218,13 +225,13 @@ class RocksStore(Store):
     def delete_record(self, kind: str, key: str) -> None:
         self._delete(self._meta_handle, kind.encode() + b"\x00" + key.encode("utf-8", "surrogateescape"))
 
-    def iter_records(self, kind: str, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+    def iter_records(self, kind: str, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
         self._check()
         head = kind.encode() + b"\x00"
-        start = head + prefix.encode("utf-8", "surrogateescape")
+        first = head + prefix.encode("utf-8", "surrogateescape")
         bound = self._bounded(head)
-        for key, value in self._meta.items(from_key=start, read_opt=bound):
-            if not key.startswith(start):
+        for key, value in self._meta.items(from_key=first + start.encode("utf-8", "surrogateescape"), read_opt=bound):
+            if not key.startswith(first):
                 break
             yield key[len(head):].decode("utf-8", "surrogateescape"), value
 

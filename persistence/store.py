@@ -37,6 +37,9 @@ class Store(abc.ABC):
         """The destination's messages from ``start_seq`` on, in sequence order."""
 
     @abc.abstractmethod
+    def get_message(self, destination: str, seq: int) -> bytes | None: ...
+
+    @abc.abstractmethod
     def destinations(self) -> list[str]:
         """Every destination that has stored messages."""
 
@@ -47,8 +50,8 @@ class Store(abc.ABC):
     def delete_record(self, kind: str, key: str) -> None: ...
 
     @abc.abstractmethod
-    def iter_records(self, kind: str, prefix: str = "") -> Iterator[tuple[str, bytes]]:
-        """Records of a kind whose key starts with prefix, in key order."""
+    def iter_records(self, kind: str, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
+        """Records of a kind whose key starts with prefix, in key order, from prefix + start on."""
 
     @abc.abstractmethod
     def when_durable(self, callback: Callable[[], None]) -> None:

@@ -416,3 +416,61 @@ def test_purge_of_a_paged_queue_empties_the_store():
         c.send(Message(broker.new_message_id(), "queue://p", b"x" * 1000, persistent=True))
     assert broker.queues["queue://p"].purge() == 30
     assert len(broker.queues["queue://p"]) == 0 and not list(store.iter_messages("queue://p"))
+
+
+def test_durable_subscription_backlog_pages_through_the_store():
+    store = MemoryStore()
+    policy = Policy(queue_memory_limit=10 * 1400)
+    broker, _ = make(policy, store)
+    sub = broker.connect(client_id="app")
+    consumer = sub.subscribe("topic://t", Sink(), durable_name="d", ack_mode=AckMode.CLIENT_INDIVIDUAL)
+    sub.unsubscribe(consumer)
+    p = broker.connect()
+    for i in range(60):
+        p.send(Message(broker.new_message_id(), "topic://t", b"%04d" % i + b"x" * 996, persistent=True))
+    queue = broker.durable_queues["app:d"]
+    assert len(queue) == 60 and queue.pending.size <= 11
+    sink = Sink()
+    again = broker.connect(client_id="app")
+    consumer = again.subscribe("topic://t", sink, durable_name="d", ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=5)
+    seen = []
+    while sink.got:
+        body, tag, _ = sink.got.pop(0)
+        seen.append(body[:4])
+        again.ack(consumer, tag)
+    assert seen == ["%04d" % i for i in range(60)]
+    assert not list(store.iter_messages("topic://t"))  # one copy, deleted after the ack
+
+
+def test_recovery_pages_a_deep_durable_backlog():
+    store = MemoryStore()
+    policy = Policy(queue_memory_limit=10 * 1400)
+    broker, _ = make(policy, store)
+    sub = broker.connect(client_id="app")
+    sub.unsubscribe(sub.subscribe("topic://t", Sink(), durable_name="d"))
+    p = broker.connect()
+    for i in range(40):
+        p.send(Message(broker.new_message_id(), "topic://t", b"%04d" % i + b"x" * 996, persistent=True))
+    again, _ = make(policy, store.reopen())
+    assert again.durable_queues["app:d"].pending.size <= 11
+    sink = Sink()
+    again.connect(client_id="app").subscribe("topic://t", sink, durable_name="d")
+    assert [b[:4] for b in sink.bodies] == ["%04d" % i for i in range(40)]
+
+
+def test_non_persistent_messages_beyond_memory_spill_and_keep_their_order():
+    spill = MemoryStore()
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock, Policy(queue_memory_limit=10 * 1400), spill=spill)
+    broker.start()
+    c = broker.connect()
+    for i in range(50):
+        persistent = i % 3 == 0
+        c.send(Message(broker.new_message_id(), "queue://mixed", b"%04d" % i + b"x" * 996, persistent=persistent))
+    queue = broker.queues["queue://mixed"]
+    assert queue.pending.size <= 11 and queue.spilled > 0
+    assert len(list(spill.iter_messages("queue://mixed"))) == queue.spilled
+    sink = Sink()
+    c.subscribe("queue://mixed", sink)
+    assert [b[:4] for b in sink.bodies] == ["%04d" % i for i in range(50)]
+    assert not list(spill.iter_messages("queue://mixed"))
