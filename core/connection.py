@@ -191,12 +191,16 @@ class Connection:
 
     # -- acknowledging --------------------------------------------------
 
-    def ack(self, consumer: Consumer, tag: int, transaction: str | None = None) -> None:
+    def _take(self, consumer: Consumer, tag: int, transaction: str | None) -> tuple[Transaction | None, list[Entry]]:
         # Look the transaction up before taking anything: a refused ack must leave the delivery held.
         tx = self._transaction(transaction) if transaction is not None else None
         entries = consumer.take(tag)
         if not entries:
             raise UnknownDelivery("no unacknowledged message with that id on this subscription")
+        return tx, entries
+
+    def ack(self, consumer: Consumer, tag: int, transaction: str | None = None) -> None:
+        tx, entries = self._take(consumer, tag, transaction)
         queue = consumer.queue
         if tx is not None:
             tx.settles.extend((queue, e) for e in entries)
@@ -206,10 +210,7 @@ class Connection:
         queue.dispatch()
 
     def nack(self, consumer: Consumer, tag: int, transaction: str | None = None) -> None:
-        tx = self._transaction(transaction) if transaction is not None else None
-        entries = consumer.take(tag)
-        if not entries:
-            raise UnknownDelivery("no unacknowledged message with that id on this subscription")
+        tx, entries = self._take(consumer, tag, transaction)
         queue = consumer.queue
         if tx is not None:
             tx.failures.extend((queue, e) for e in entries)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
@@ -38,6 +38,7 @@ from protocols.mqtt.names import (
     split_shared,
     topic_to_canonical,
 )
+from protocols.transport import Transport
 
 if TYPE_CHECKING:
     from protocols.mqtt.hub import MqttHub
@@ -72,15 +73,6 @@ class MqttSettings:
     # MQTT filters whose publishes go to a queue of the same name instead of the topic.
     queue_topics: list[str] = field(default_factory=list)
 
-
-class Transport(Protocol):
-    def write(self, data: bytes) -> None: ...
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class RetainedVia:

@@ -7,7 +7,7 @@ the same class and tests can drive it with no network at all.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from twisted.logger import Logger
 
@@ -27,6 +27,7 @@ from protocols.stomp.codec import (
     encode_frame,
     escape_header,
 )
+from protocols.transport import Transport
 
 log = Logger(namespace="gateway.stomp")
 
@@ -62,16 +63,6 @@ class StompSettings:
     # Seconds a new connection may take to send CONNECT (0: no limit).
     connect_timeout: float = 30.0
 
-
-class Transport(Protocol):
-    def write(self, data: bytes) -> None: ...
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def close(self) -> None:
-        """Close after the written data is flushed."""
 
 
 class StompError(Exception):

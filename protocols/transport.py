@@ -1,0 +1,16 @@
+"""What a protocol session needs from whatever carries its bytes (TCP or WebSocket)."""
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Transport(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None:
+        """Close after the written data is flushed."""
+
+    def pause_reading(self) -> None:
+        """Read nothing more from the client (producer flow control)."""
+
+    def resume_reading(self) -> None: ...
