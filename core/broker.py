@@ -274,10 +274,16 @@ class Broker:
     # -- delivery marks and protocol state --------------------------------
 
     def delivered(self, queue: MessageQueue, seq: int) -> None:
-        """Note a queue's delivered mark; written once per turn, not once per message."""
-        if not self._marks:
-            self.clock.callLater(0, self._save_marks)
+        """Note a queue's delivered mark: written once per batch, into the batch itself.
+
+        Sessions send deliveries through when_durable, so a delivery reaches the
+        client only once its mark is on disk: after a crash, whatever may have
+        been seen comes back flagged redelivered (MQTT: DUP), exactly.
+        """
+        first = not self._marks
         self._marks.add(queue)
+        if first:
+            self.store.before_flush(self._save_marks)
 
     def _save_marks(self) -> None:
         marks, self._marks = self._marks, set()

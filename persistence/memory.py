@@ -75,6 +75,9 @@ class MemoryStore(Store):
         # Memory is as durable as it gets here: answer at once.
         callback()
 
+    def before_flush(self, hook: Callable[[], None]) -> None:
+        hook()  # nothing is batched here: "before the write" is now
+
     def flush(self) -> None:
         pass
 

@@ -112,6 +112,7 @@ class RocksStore(Store):
         self._batch = WriteBatch(raw_mode=True)
         self._ops = 0
         self._callbacks: list[Callable[[], None]] = []
+        self._hooks: list[Callable[[], None]] = []
         self._flush_scheduled = False
         self._closed = False
         self.batches_written = 0
@@ -237,14 +238,22 @@ class RocksStore(Store):
 
     def when_durable(self, callback: Callable[[], None]) -> None:
         # Immediate only when nothing is waiting: acknowledgements keep their order.
-        if not self._ops and not self._callbacks:
+        if not self._ops and not self._callbacks and not self._hooks:
             callback()
             return
         self._callbacks.append(callback)
         if not self._flush_scheduled:
             self._arrange_flush()
 
+    def before_flush(self, hook: Callable[[], None]) -> None:
+        self._hooks.append(hook)
+        if not self._flush_scheduled:
+            self._arrange_flush()
+
     def flush(self) -> None:
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
         if self._ops:
             batch, self._batch = self._batch, WriteBatch(raw_mode=True)
             self._ops = 0

@@ -58,6 +58,13 @@ class Store(abc.ABC):
         """Run callback once all writes issued so far are on disk."""
 
     @abc.abstractmethod
+    def before_flush(self, hook: Callable[[], None]) -> None:
+        """Run hook once, just before the pending batch is written (it may add writes to it).
+
+        Until then the batch counts as pending, so when_durable callbacks wait for it.
+        """
+
+    @abc.abstractmethod
     def flush(self) -> None:
         """Write the pending batch now (and run the callbacks waiting on it)."""
 

@@ -501,7 +501,8 @@ class MqttSession:
                 del self.out_aliases[new_alias]
             self.conn.ack(consumer, tag)
             return
-        self._write(data)
+        # After the batch holding its delivered mark (and anything before it) is on disk.
+        self.conn.when_durable(lambda: self._write(data))
         if qos:
             client.outbound[pid] = Inflight(consumer, tag, entry.seq)  # type: ignore[index]
             client.ids_by_seq[entry.seq] = pid  # type: ignore[assignment]

@@ -379,7 +379,8 @@ class StompSession:
         if entry.redeliveries:
             parts.append(b"redelivered:true\nredelivery-count:%d\n" % entry.redeliveries)
         parts.append(self._message_tail(message))
-        self._write(b"".join(parts))
+        # After the batch holding its delivered mark (and anything before it) is on disk.
+        self._write_durable(b"".join(parts))
 
     def _message_tail(self, message: Message) -> bytes:
         """Everything after the per-subscriber headers: built once per message and escaping."""
@@ -489,6 +490,9 @@ class StompSession:
         self.conn.abort(self._tx(frame))  # type: ignore[union-attr]
 
     # -- output and teardown -----------------------------------------------
+
+    def _write_durable(self, data: bytes) -> None:
+        self.conn.when_durable(lambda: self._write(data))  # type: ignore[union-attr]
 
     def _write(self, data: bytes) -> None:
         if not self.closed:
