@@ -85,7 +85,35 @@ def make_config(tmp_path: Any, **policy: Any) -> Config:
     return config
 
 
-class Collector(stomp.ConnectionListener):
+class Waits:
+    """What both clients' collectors share: lists filled by callbacks, and waits on them that fail loudly."""
+
+    messages: list[Any]
+    _cond: threading.Condition
+
+    def wait_for(self, count: int, timeout: float = 5.0, what: str = "messages") -> list[Any]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(getattr(self, what)) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"expected {count} {what}, got {len(getattr(self, what))}")
+                self._cond.wait(left)
+            return list(getattr(self, what))
+
+    def settle(self, quiet: float = 0.3) -> list[Any]:
+        """Wait until nothing more arrives for ``quiet`` seconds; for asserting that something did NOT arrive."""
+        last = -1
+        while True:
+            with self._cond:
+                n = len(self.messages)
+            if n == last:
+                return list(self.messages)
+            last = n
+            time.sleep(quiet)
+
+
+class Collector(Waits, stomp.ConnectionListener):
     """Gathers what a stomp.py connection receives, with waits that fail loudly."""
 
     def __init__(self) -> None:
@@ -113,26 +141,7 @@ class Collector(stomp.ConnectionListener):
     def on_disconnected(self) -> None:
         self.disconnected.set()
 
-    def wait_for(self, count: int, timeout: float = 5.0, what: str = "messages") -> list[Any]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while len(getattr(self, what)) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"expected {count} {what}, got {len(getattr(self, what))}")
-                self._cond.wait(left)
-            return list(getattr(self, what))
 
-    def settle(self, quiet: float = 0.3) -> list[Any]:
-        """Wait until nothing more arrives for ``quiet`` seconds; for asserting that something did NOT arrive."""
-        last = -1
-        while True:
-            with self._cond:
-                n = len(self.messages)
-            if n == last:
-                return list(self.messages)
-            last = n
-            time.sleep(quiet)
 
     def bodies(self) -> list[str]:
         with self._cond:
@@ -256,7 +265,7 @@ class RawStomp:
 # -- MQTT (paho-mqtt 2.x, callback API version 2) ---------------------------------
 
 
-class MqttCollector:
+class MqttCollector(Waits):
     """What a paho client receives, with waits that fail loudly."""
 
     def __init__(self) -> None:
@@ -283,25 +292,7 @@ class MqttCollector:
     def on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         self._add("disconnects", reason_code)
 
-    def wait_for(self, count: int, timeout: float = 5.0, what: str = "messages") -> list[Any]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while len(getattr(self, what)) < count:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"expected {count} {what}, got {len(getattr(self, what))}")
-                self._cond.wait(left)
-            return list(getattr(self, what))
 
-    def settle(self, quiet: float = 0.3) -> list[Any]:
-        last = -1
-        while True:
-            with self._cond:
-                n = len(self.messages)
-            if n == last:
-                return list(self.messages)
-            last = n
-            time.sleep(quiet)
 
     def payloads(self) -> list[bytes]:
         with self._cond:
