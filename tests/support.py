@@ -201,47 +201,28 @@ def bodies(messages: list[Any]) -> list[str]:
     return [m.body for m in messages]
 
 
-class RawStomp:
-    """A plain socket speaking STOMP bytes, for framing and bad-input tests."""
+class RawClient:
+    """A plain socket and our own decoder for the broker's replies: what both raw clients share."""
 
-    def __init__(self, handle: BrokerHandle, version: str = "1.2") -> None:
-        self.sock = socket.create_connection((handle.host, handle.port), timeout=5)
-        self.decoder = StompDecoder(StompLimits(max_frame_size=64 * 1024 * 1024), version=version)
-        self.frames: list[Frame] = []
-        self.version = version
+    sock: socket.socket
+    decoder: Any
+    received: list[Any]
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def frame(self, command: str, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
-        self.send(encode_frame(command, (headers or {}).items(), body, version=self.version))
-
-    def connect(self, version: str = "1.2", **headers: str) -> Frame:
-        self.frame("CONNECT", {"accept-version": version, "host": "localhost", **headers})
-        frame = self.read()
-        assert frame.command == "CONNECTED", frame
-        return frame
-
-    def read(self, timeout: float = 5.0) -> Frame:
+    def read(self, timeout: float = 5.0) -> Any:
         deadline = time.monotonic() + timeout
-        while not self.frames:
+        while not self.received:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError("no frame from the broker in time")
+                raise AssertionError("nothing from the broker in time")
             self.sock.settimeout(left)
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionError("broker closed the connection")
-            self.frames.extend(self.decoder.feed(data))
-        return self.frames.pop(0)
-
-    def expect_error_and_close(self, timeout: float = 5.0) -> Frame:
-        """The broker's answer to bad input: an ERROR frame, then a closed socket."""
-        frame = self.read(timeout)
-        assert frame.command == "ERROR", frame
-        assert frame.headers.get("message"), frame
-        assert self.closed_by_peer(timeout), "the broker kept the connection open after ERROR"
-        return frame
+            self.received.extend(self.decoder.feed(data))
+        return self.received.pop(0)
 
     def closed_by_peer(self, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -255,11 +236,41 @@ class RawStomp:
                 return True
             if not data:
                 return True
-            self.frames.extend(self.decoder.feed(data))
+            self.received.extend(self.decoder.feed(data))
         return False
 
     def close(self) -> None:
         self.sock.close()
+
+
+class RawStomp(RawClient):
+    """A plain socket speaking STOMP bytes, for framing and bad-input tests."""
+
+    def __init__(self, handle: BrokerHandle, version: str = "1.2") -> None:
+        self.sock = socket.create_connection((handle.host, handle.port), timeout=5)
+        self.decoder = StompDecoder(StompLimits(max_frame_size=64 * 1024 * 1024), version=version)
+        self.received: list[Frame] = []
+        self.frames = self.received  # the name STOMP tests use
+        self.version = version
+
+    def frame(self, command: str, headers: dict[str, str] | None = None, body: bytes = b"") -> None:
+        self.send(encode_frame(command, (headers or {}).items(), body, version=self.version))
+
+    def connect(self, version: str = "1.2", **headers: str) -> Frame:
+        self.frame("CONNECT", {"accept-version": version, "host": "localhost", **headers})
+        frame = self.read()
+        assert frame.command == "CONNECTED", frame
+        return frame
+
+
+    def expect_error_and_close(self, timeout: float = 5.0) -> Frame:
+        """The broker's answer to bad input: an ERROR frame, then a closed socket."""
+        frame = self.read(timeout)
+        assert frame.command == "ERROR", frame
+        assert frame.headers.get("message"), frame
+        assert self.closed_by_peer(timeout), "the broker kept the connection open after ERROR"
+        return frame
+
 
 
 # -- MQTT (paho-mqtt 2.x, callback API version 2) ---------------------------------
@@ -340,7 +351,7 @@ def mqtt_close(client: Any) -> None:
         client.loop_stop()
 
 
-class RawMqtt:
+class RawMqtt(RawClient):
     """A plain socket speaking MQTT bytes, for bad-input tests (our codec reads the broker's replies)."""
 
     def __init__(self, handle: BrokerHandle, level: int = 4) -> None:
@@ -348,11 +359,9 @@ class RawMqtt:
 
         self.sock = socket.create_connection((handle.host, handle.mqtt_port), timeout=5)
         self.decoder = MqttDecoder(level=level, server=False)
-        self.packets: list[Any] = []
+        self.received: list[Any] = []
+        self.packets = self.received  # the name MQTT tests use
         self.level = level
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
 
     def packet(self, packet: Any) -> None:
         from protocols.mqtt.codec import encode
@@ -366,33 +375,4 @@ class RawMqtt:
         self.packet(Connect(name, self.level, clean, keep_alive, client_id, properties=properties or {}))
         return self.read()
 
-    def read(self, timeout: float = 5.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while not self.packets:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError("no packet from the broker in time")
-            self.sock.settimeout(left)
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("broker closed the connection")
-            self.packets.extend(self.decoder.feed(data))
-        return self.packets.pop(0)
 
-    def closed_by_peer(self, timeout: float = 5.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                data = self.sock.recv(65536)
-            except socket.timeout:
-                return False
-            except ConnectionResetError:
-                return True
-            if not data:
-                return True
-            self.packets.extend(self.decoder.feed(data))
-        return False
-
-    def close(self) -> None:
-        self.sock.close()
