@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 from typing import Any, Sequence
 
@@ -14,6 +15,7 @@ from twisted.logger import (
 )
 
 from gateway import config as configuration
+from gateway.perf import command as perf_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--mqtt-port", type=int, metavar="N", help="MQTT over TCP port (default 1883, 0 disables)")
     run.add_argument("--ws-port", type=int, metavar="N", help="WebSocket port, STOMP and MQTT (default 61614, 0 disables)")
     run.add_argument("--log-level", choices=configuration.LOG_LEVELS, help="default info")
+    perf_command.add_parser(commands)
     return parser
 
 
@@ -34,6 +37,16 @@ def _start_logging(level: str) -> None:
     predicate = LogLevelFilterPredicate(defaultLogLevel=LogLevel.levelWithName(level))
     observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [predicate])
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+
+
+def _raise_file_limit() -> None:
+    """Every client is a descriptor: take the hard limit, as Mosquitto and ActiveMQ's scripts do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gateway: configuration error: {exc}", file=sys.stderr)
         return 2
     _start_logging(config.log_level)
+    _raise_file_limit()
 
     from twisted.internet import reactor
 
@@ -76,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run":
         return run(args)
+    if args.command == "perf":
+        return perf_command.run(args)
     return 2
 
 

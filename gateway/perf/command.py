@@ -1,0 +1,158 @@
+"""``gateway perf``: arguments, an optional broker of its own, the table and the JSON lines."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from gateway.perf import procinfo
+from gateway.perf.roles import PerfError, Target
+from gateway.perf.scenarios import GROUPS, SCENARIOS, TARGETS, Options, Result, Scenario, expand
+
+
+def add_parser(commands: Any) -> None:
+    perf = commands.add_parser(
+        "perf",
+        help="load-test a STOMP/MQTT broker (this one or any other) and report msgs/s",
+        description="Scenarios: " + ", ".join(SCENARIOS) + "; groups: " + ", ".join(f"{k} ({' '.join(v)})" for k, v in GROUPS.items()),
+    )
+    perf.add_argument("scenarios", nargs="*", default=["all"], metavar="SCENARIO")
+    perf.add_argument("--host", default="127.0.0.1")
+    perf.add_argument("--stomp-port", type=int, default=61613)
+    perf.add_argument("--mqtt-port", type=int, default=1883)
+    perf.add_argument("--login")
+    perf.add_argument("--passcode")
+    perf.add_argument("--broker-pid", type=int, help="pid whose CPU and RSS to report (default: whoever listens on the port)")
+    perf.add_argument("--start-broker", action="store_true",
+                      help="start this broker on its default configuration (RocksDB in a fresh temporary data dir) for the run")
+    perf.add_argument("--count", type=int, help="messages (or connections) per scenario instead of its default")
+    perf.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
+    perf.add_argument("--subscribers", type=int, default=50, help="mqtt-fanout subscribers (default 50)")
+    perf.add_argument("--inflight", type=int, default=100, help="unconfirmed QoS 1 publishes / receipts (default 100)")
+    perf.add_argument("--rate", type=int, default=1000, help="latency: messages per second (default 1000)")
+    perf.add_argument("--duration", type=float, default=10.0, help="latency: seconds (default 10)")
+    perf.add_argument("--connections", type=int, default=10_000, help="connections: how many (default 10000)")
+    perf.add_argument("--label", default=None, help="name of the broker in the output (default host:port)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        names = expand(args.scenarios)
+    except ValueError as exc:
+        print(f"gateway perf: {exc}", file=sys.stderr)
+        return 2
+    if args.size < 8 and "latency" in names:
+        print("gateway perf: latency needs --size of at least 8 (the send time rides in the payload)", file=sys.stderr)
+        return 2
+    options = Options(args.size, args.count, args.subscribers, args.inflight, args.rate, args.duration, args.connections)
+    broker = OwnBroker() if args.start_broker else None
+    try:
+        if broker is not None:
+            target = Target(args.host, broker.stomp_port, broker.mqtt_port, args.login, args.passcode)
+            pid: int | None = broker.pid
+        else:
+            target = Target(args.host, args.stomp_port, args.mqtt_port, args.login, args.passcode)
+            pid = args.broker_pid or procinfo.pid_listening_on(
+                target.stomp_port if all(n.startswith("stomp") for n in names) else target.mqtt_port)
+        label = args.label or ("gateway (--start-broker)" if broker else f"{args.host}")
+        results: list[Result] = []
+        failed = False
+        for name in names:
+            try:
+                result = SCENARIOS[name](Scenario(target, options, pid))
+            except (PerfError, OSError) as exc:
+                print(f"gateway perf: {name} failed: {exc}", file=sys.stderr)
+                failed = True
+                continue
+            results.append(result)
+            line = {"broker": label, "broker_pid": pid, **result.as_json()}
+            print(json.dumps(line), flush=True)
+            failed = failed or not result.verified
+        print(table(results, label, pid), flush=True)
+        return 1 if failed else 0
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def table(results: list[Result], label: str, pid: int | None) -> str:
+    rows = [("scenario", "figure", "unit", "target", "verified", "messages", "seconds", "gen CPU", "broker CPU")]
+    for r in results:
+        target = TARGETS.get(r.scenario)
+        rows.append((
+            r.scenario, _num(r.figure), r.unit,
+            ("<= " if r.scenario in ("latency", "connections") else ">= ") + _num(target) if target else "",
+            "yes" if r.verified else f"NO ({r.messages}/{r.expected})",
+            str(r.messages), f"{r.seconds:.2f}", f"{r.generator_cpu:.2f}s",
+            "?" if r.broker_cpu is None else f"{r.broker_cpu:.2f}s",
+        ))
+        extra = {k: v for k, v in r.details.items() if k not in ("broker_rss_before", "broker_rss_after")}
+        if r.scenario == "connections" and r.details.get("broker_rss_after") is not None:
+            extra["broker_rss"] = f"{r.details['broker_rss_before'] / 2**20:.1f} -> {r.details['broker_rss_after'] / 2**20:.1f} MiB"
+        if extra:
+            rows.append(("", "  " + ", ".join(f"{k}={v}" for k, v in extra.items()), "", "", "", "", "", "", ""))
+    widths = [max(len(row[i]) for row in rows if not row[1].startswith("  ") or i != 1) for i in range(len(rows[0]))]
+    lines = [f"broker: {label} (pid {pid if pid else 'unknown'}); generator CPU and broker CPU are seconds over the timed part"]
+    for row in rows:
+        if row[1].startswith("  "):
+            lines.append(" " * (widths[0] + 2) + row[1].strip())
+        else:
+            lines.append("  ".join(cell.rjust(w) if i in (1, 5, 6, 7, 8) else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+    return "\n".join(lines)
+
+
+def _num(value: float) -> str:
+    if value != value:  # NaN
+        return "?"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class OwnBroker:
+    """``gateway run`` on its defaults but free ports and a throw-away data directory."""
+
+    def __init__(self) -> None:
+        self.data = tempfile.mkdtemp(prefix="gateway-perf-")
+        self.stomp_port, self.mqtt_port = _free_port(), _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "run", "--data-dir", self.data,
+             "--stomp-port", str(self.stomp_port), "--mqtt-port", str(self.mqtt_port), "--ws-port", "0",
+             "--log-level", "warn"],
+            stdin=subprocess.DEVNULL,
+        )
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + 30
+        for port in (self.stomp_port, self.mqtt_port):
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        self.stop()
+                        raise PerfError("the broker did not start") from None
+                    time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.data, ignore_errors=True)
+

@@ -1,0 +1,266 @@
+"""The scenarios of ``gateway perf``: which roles run, and what figure they make.
+
+Each scenario starts its roles as separate processes (receivers first), waits
+until every one has connected and subscribed, reads the broker's CPU, says
+go, and turns the roles' times and counts into one figure.  A scenario is
+only ``verified`` when every expected message arrived with the expected size.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gateway.perf import procinfo, roles
+from gateway.perf.roles import Target
+
+# The issue's targets for this broker on a 2-core machine (shown beside each figure).
+TARGETS = {
+    "mqtt-qos0": 80_000,
+    "mqtt-qos1": 40_000,
+    "mqtt-fanout": 250_000,
+    "stomp-queue": 60_000,
+    "stomp-persistent": 25_000,
+    "latency": 1.0,
+    "connections": 10.0,
+}
+
+
+@dataclass
+class Options:
+    size: int = 64
+    count: int | None = None  # None: each scenario's own default
+    subscribers: int = 50
+    inflight: int = 100
+    rate: int = 1000
+    duration: float = 10.0
+    connections: int = 10_000
+
+
+@dataclass
+class Result:
+    scenario: str
+    figure: float
+    unit: str
+    verified: bool
+    messages: int
+    expected: int
+    seconds: float
+    generator_cpu: float
+    broker_cpu: float | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        out = {
+            "scenario": self.scenario, "figure": round(self.figure, 3), "unit": self.unit,
+            "verified": self.verified, "messages": self.messages, "expected": self.expected,
+            "seconds": round(self.seconds, 4), "generator_cpu_s": round(self.generator_cpu, 3),
+            "broker_cpu_s": None if self.broker_cpu is None else round(self.broker_cpu, 3),
+        }
+        out.update(self.details)
+        return out
+
+
+class Fleet:
+    """The processes of one scenario and the parent's side of their handshake."""
+
+    def __init__(self) -> None:
+        self.ctx = multiprocessing.get_context("fork")
+        self.go = self.ctx.Event()
+        self.procs: list[tuple[Any, Any]] = []
+
+    def start(self, role: Callable[..., None], *args: Any) -> None:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_role_main, args=(role, child, self.go, args), daemon=True)
+        proc.start()
+        self.procs.append((proc, parent))
+        self._expect(parent, "ready")
+
+    def run(self) -> list[dict[str, Any]]:
+        self.go.set()
+        return [self._expect(pipe, "result") for _, pipe in self.procs]
+
+    def _expect(self, pipe: Any, what: str) -> Any:
+        if not pipe.poll(300):
+            raise roles.PerfError(f"a generator process sent no {what} within 300 s")
+        kind, value = pipe.recv()
+        if kind == "error":
+            raise roles.PerfError(value)
+        if kind != what:
+            raise roles.PerfError(f"a generator process sent {kind}, expected {what}")
+        return value
+
+    def close(self) -> None:
+        for proc, _ in self.procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _role_main(role: Callable[..., None], pipe: Any, go: Any, args: tuple) -> None:
+    try:
+        role(roles.Run(pipe, go), *args)
+    except Exception as exc:  # the parent reports it; a traceback in a child helps nobody
+        pipe.send(("error", f"{role.__name__}: {type(exc).__name__}: {exc}"))
+
+
+class Scenario:
+    def __init__(self, target: Target, options: Options, broker_pid: int | None) -> None:
+        self.target = target
+        self.options = options
+        self.broker_pid = broker_pid
+        self.tag = uuid.uuid4().hex[:8]
+
+    def count(self, default: int) -> int:
+        return self.options.count or default
+
+    def _measure(self, name: str, fleet: Fleet, expected: int, unit: str, figure: Callable[[list[dict], float], float], details: Callable[[list[dict]], dict] | None = None) -> Result:
+        cpu0 = procinfo.cpu_seconds(self.broker_pid) if self.broker_pid else None
+        try:
+            results = fleet.run()
+        finally:
+            fleet.close()
+        cpu1 = procinfo.cpu_seconds(self.broker_pid) if self.broker_pid else None
+        t_first = min(r["t_first"] for r in results if "t_first" in r)
+        ends = [r["t_last"] for r in results if r.get("t_last") is not None]
+        t_end = max(ends) if ends else max(r["t_done"] for r in results if "t_done" in r)
+        seconds = max(t_end - t_first, 1e-9)
+        received = sum(r.get("received", 0) for r in results)
+        verified = received == expected and all(r.get("exact", True) for r in results)
+        extra = details(results) if details else {}
+        return Result(
+            name, figure(results, seconds), unit, verified, received, expected, seconds,
+            sum(r["cpu"] for r in results),
+            None if cpu0 is None or cpu1 is None else cpu1 - cpu0, extra,
+        )
+
+    # -- MQTT ------------------------------------------------------------------
+
+    def mqtt_qos0(self) -> Result:
+        n, t = self.count(200_000), f"perf/qos0/{self.tag}"
+        fleet = Fleet()
+        fleet.start(roles.mqtt_qos0_subscriber, self.target, t, n, self.options.size, f"perf-sub-{self.tag}")
+        fleet.start(roles.mqtt_qos0_publisher, self.target, t, n, self.options.size, f"perf-pub-{self.tag}")
+        return self._measure("mqtt-qos0", fleet, n, "msgs/s", lambda r, s: n / s)
+
+    def mqtt_qos1(self) -> Result:
+        n, t = self.count(50_000), f"perf/qos1/{self.tag}"
+        fleet = Fleet()
+        fleet.start(roles.mqtt_qos1_subscriber, self.target, t, n, self.options.size, f"perf-sub-{self.tag}")
+        fleet.start(roles.mqtt_qos1_publisher, self.target, t, n, self.options.size, f"perf-pub-{self.tag}", self.options.inflight)
+        return self._measure("mqtt-qos1", fleet, n, "msgs/s", lambda r, s: n / s, _acks)
+
+    def mqtt_fanout(self) -> Result:
+        n, t, subs = self.count(5_000), f"perf/fanout/{self.tag}", self.options.subscribers
+        fleet = Fleet()
+        ids = [f"perf-fan-{self.tag}-{i}" for i in range(subs)]
+        for group in (ids[: subs // 2], ids[subs // 2:]):
+            if group:
+                fleet.start(roles.mqtt_fanout_subscribers, self.target, t, n, self.options.size, group)
+        fleet.start(roles.mqtt_qos0_publisher, self.target, t, n, self.options.size, f"perf-pub-{self.tag}")
+        return self._measure("mqtt-fanout", fleet, n * subs, "deliveries/s", lambda r, s: n * subs / s)
+
+    def latency(self) -> Result:
+        o, t = self.options, f"perf/latency/{self.tag}"
+        n = int(o.rate * o.duration)
+        fleet = Fleet()
+        fleet.start(roles.mqtt_qos1_subscriber, self.target, t, n, o.size, f"perf-sub-{self.tag}", True)
+        fleet.start(roles.mqtt_paced_publisher, self.target, t, o.rate, o.duration, o.size, f"perf-pub-{self.tag}")
+
+        def p99(results: list[dict], seconds: float) -> float:
+            return _percentile(_delays(results), 99) / 1e6
+
+        def details(results: list[dict]) -> dict:
+            d = _delays(results)
+            return {"rate": o.rate, "p50_ms": round(_percentile(d, 50) / 1e6, 3), "p99_ms": round(_percentile(d, 99) / 1e6, 3),
+                    "max_ms": round((d[-1] if d else 0) / 1e6, 3), **_acks(results)}
+
+        return self._measure("latency", fleet, n, "ms p99", p99, details)
+
+    def connections(self) -> Result:
+        n = self.count(self.options.connections)
+        rss0 = procinfo.rss_bytes(self.broker_pid) if self.broker_pid else None
+        fleet = Fleet()
+        release = fleet.ctx.Event()
+        fleet.start(roles.mqtt_connections, self.target, n, f"perf-idle-{self.tag}", release)
+        cpu0 = procinfo.cpu_seconds(self.broker_pid) if self.broker_pid else None
+        [result] = fleet.run()
+        time.sleep(1.0)  # let the broker settle before reading its RSS
+        rss1 = procinfo.rss_bytes(self.broker_pid) if self.broker_pid else None
+        cpu1 = procinfo.cpu_seconds(self.broker_pid) if self.broker_pid else None
+        release.set()
+        fleet.close()
+        seconds = result["t_done"] - result["t_first"]
+        growth = None if rss0 is None or rss1 is None else rss1 - rss0
+        per = None if growth is None or not result["received"] else growth / result["received"]
+        return Result(
+            "connections", per / 1024 if per is not None else float("nan"), "KiB/conn", result["received"] == n,
+            result["received"], n, seconds, result["cpu"], None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+            {"connections_per_s": round(result["received"] / max(seconds, 1e-9), 1), "refused": result["refused"],
+             "failed": result["failed"], "broker_rss_before": rss0, "broker_rss_after": rss1},
+        )
+
+    # -- STOMP -----------------------------------------------------------------
+
+    def stomp_queue(self) -> Result:
+        n, q = self.count(100_000), f"/queue/perf.queue.{self.tag}"
+        fleet = Fleet()
+        fleet.start(roles.stomp_consumer, self.target, q, n, "auto", f"perf-con-{self.tag}")
+        fleet.start(roles.stomp_producer, self.target, q, n, self.options.size, f"perf-pro-{self.tag}", False, 0)
+        return self._measure("stomp-queue", fleet, n, "msgs/s", lambda r, s: n / s)
+
+    def stomp_persistent(self) -> Result:
+        n, q = self.count(20_000), f"/queue/perf.persistent.{self.tag}"
+        fleet = Fleet()
+        fleet.start(roles.stomp_consumer, self.target, q, n, "client-individual", f"perf-con-{self.tag}")
+        fleet.start(roles.stomp_producer, self.target, q, n, self.options.size, f"perf-pro-{self.tag}", True, self.options.inflight)
+        return self._measure("stomp-persistent", fleet, n, "msgs/s", lambda r, s: n / s, _acks)
+
+
+def _acks(results: list[dict]) -> dict:
+    pub = next(r for r in results if "acked" in r)
+    return {"confirmed": pub["acked"], "producer_msgs_per_s": round(pub["acked"] / max(pub["t_done"] - pub["t_first"], 1e-9), 1)}
+
+
+def _delays(results: list[dict]) -> list[int]:
+    return sorted(d for r in results for d in r.get("delays", ()))
+
+
+def _percentile(values: list[int], p: float) -> float:
+    if not values:
+        return float("nan")
+    return float(values[min(len(values) - 1, int(len(values) * p / 100))])
+
+
+SCENARIOS: dict[str, Callable[[Scenario], Result]] = {
+    "mqtt-qos0": Scenario.mqtt_qos0,
+    "mqtt-qos1": Scenario.mqtt_qos1,
+    "mqtt-fanout": Scenario.mqtt_fanout,
+    "stomp-queue": Scenario.stomp_queue,
+    "stomp-persistent": Scenario.stomp_persistent,
+    "latency": Scenario.latency,
+    "connections": Scenario.connections,
+}
+GROUPS = {
+    "all": list(SCENARIOS),
+    "mqtt": ["mqtt-qos0", "mqtt-qos1", "mqtt-fanout", "latency", "connections"],
+    "stomp": ["stomp-queue", "stomp-persistent"],
+}
+
+
+def expand(names: list[str]) -> list[str]:
+    out: list[str] = []
+    for name in names:
+        for n in GROUPS.get(name, [name]):
+            if n not in SCENARIOS:
+                raise ValueError(f"unknown scenario {n!r} (known: {', '.join([*SCENARIOS, *GROUPS])})")
+            if n not in out:
+                out.append(n)
+    return out
+
+
+def cpu_count() -> int:
+    return os.cpu_count() or 1
