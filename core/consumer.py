@@ -23,8 +23,9 @@ class Owner(Protocol):
     id: str
 
 
-# sink(consumer, entry, tag): the session turns a delivery into a frame.
-Sink = Callable[["Consumer", "Entry", int], None]
+# sink(consumer, entry, tag): the session turns a delivery into a frame.  A true
+# result means the delivery needs no ack (MQTT QoS 0) and is settled at once.
+Sink = Callable[["Consumer", "Entry", int], "bool | None"]
 
 
 class Consumer:
@@ -80,10 +81,13 @@ class Consumer:
         self.next_tag = tag + 1
         if self.ack_mode is AckMode.AUTO:
             self.sink(self, entry, tag)
-            self.queue.settle(entry)
+            queue.settle(entry)
         else:
-            self.unacked[tag] = entry
-            self.sink(self, entry, tag)
+            unacked = self.unacked
+            unacked[tag] = entry
+            if self.sink(self, entry, tag) and unacked.pop(tag, None) is not None:
+                # The session needs no ack for this one (MQTT QoS 0): settled as it goes out.
+                queue.settle(entry)
 
     def take(self, tag: int) -> list["Entry"]:
         """Remove and return what an ack or nack of ``tag`` covers.

@@ -164,12 +164,26 @@ class MessageQueue:
         if self.storage is not None and message.persistent and not entry.stored:
             self.storage.add(entry)
             entry.stored = True
+        self.enqueued += 1
+        if (
+            self.consumers and not self.pending.size and not self.paged and not self._busy
+            and not (self._selectors or self._exclusives or self._uses_groups)
+            and message.group_id is None and not message.expiration
+        ):
+            # Nothing waits ahead of it and no rule applies: straight to the next
+            # consumer with credit, without a trip through the pending deques.
+            consumers = self.consumers
+            n = len(consumers)
+            for _ in range(n):
+                consumer = consumers[self._rr % n]
+                self._rr += 1
+                if consumer.has_credit():
+                    consumer.deliver(entry)
+                    return
         if self.memory_limit and self._page_out(entry):
             # Over the memory limit: it waits in the store until consumers catch up.
-            self.enqueued += 1
             return
         self.pending.append(entry)
-        self.enqueued += 1
         if message.group_id is not None:
             self._uses_groups = True
         if message.expiration:

@@ -38,6 +38,7 @@ from protocols.mqtt.names import (
     split_shared,
     topic_to_canonical,
 )
+from protocols.outbox import Outbox
 from protocols.transport import Transport
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ FORMAT_HEADER = "mqtt-payload-format"
 # Only when a name repeats: the full list in order, since headers hold one value per name.
 USER_PROPERTIES_HEADER = "mqtt-user-properties"
 _INTERNAL_PREFIX = "mqtt-"
+_PUBACK = b"\x40\x02"  # a 3.x PUBACK before its packet id
+_MQTT3 = "mqtt3"  # Message.cache key of 3.x PUBLISH bytes
 
 NEVER_EXPIRES = 0xFFFFFFFF
 
@@ -214,6 +217,7 @@ class MqttSession:
         self.level = 4
         self.client: ClientSession | None = None
         self.conn: Any = None
+        self._outbox: Outbox | None = None
         self.consumer: Consumer | None = None
         self.shared_consumers: dict[str, Consumer] = {}
         self.closed = False
@@ -323,6 +327,7 @@ class MqttSession:
         self.label = f"{self.remote} {client_id}"
         self.will = packet.will
         self.conn = self.broker.connect(client_id, protocol=f"mqtt/{self.level}", remote=self.remote)
+        self._outbox = Outbox(self.conn.when_durable, self._write)
         keep_alive = packet.keep_alive
         server_keep_alive = None
         limit = self.settings.server_keep_alive
@@ -425,13 +430,11 @@ class MqttSession:
             self.transport.pause_reading()
             usage.when_space(self._release_hold)
         if qos == 1:
-            data = mq.encode(mq.Puback(pid), self.level)
-            self.conn.when_durable(lambda: self._write(data))
+            self._outbox.add(_PUBACK + pid.to_bytes(2, "big") if self.level < 5 else mq.encode(mq.Puback(pid), 5))  # type: ignore[union-attr]
         elif qos == 2:
             self.client.inbound_qos2.add(pid)  # type: ignore[union-attr]
             self.hub.save(self.client)  # type: ignore[arg-type]  # in the message's batch, before PUBREC
-            data = mq.encode(mq.Pubrec(pid), self.level)
-            self.conn.when_durable(lambda: self._write(data))
+            self._outbox.add(mq.encode(mq.Pubrec(pid), self.level))  # type: ignore[union-attr]
 
     def _release_hold(self) -> None:
         self._held = False
@@ -467,50 +470,100 @@ class MqttSession:
 
     # -- delivering (broker -> client) --------------------------------------
 
-    def _deliver(self, consumer: Consumer, entry: Entry, tag: int) -> None:
+    def _deliver(self, consumer: Consumer, entry: Entry, tag: int) -> bool:
+        """Write one delivery; True when it needs no acknowledgement (QoS 0)."""
         message = entry.message
         client = self.client
-        topic = canonical_to_topic(message.destination)
         via = entry.via
-        if isinstance(via, RetainedVia):
-            options = (via.options,)
-            retain = True
+        if via.__class__ is Subscription:
+            options = via.options  # type: ignore[union-attr]
+            if options is None:
+                options = self._options(consumer, via)  # type: ignore[arg-type]
+            granted = options.get("qos", 0)
+            retain = bool(options.get("rap")) and bool(message.headers.get(RETAIN_HEADER))
+            options_all: tuple[dict, ...] = (options,)
         else:
-            if via is None:
-                options = self._recovered_options(message)
-            elif isinstance(via, tuple):
-                options = tuple(self._options(consumer, s) for s in via)
+            if isinstance(via, RetainedVia):
+                options_all = (via.options,)
+                retain = True
             else:
-                options = (self._options(consumer, via),)
-            retain = bool(message.headers.get(RETAIN_HEADER)) and any(o.get("rap") for o in options)
-        granted = max((o.get("qos", 0) for o in options), default=0)
+                if via is None:
+                    options_all = self._recovered_options(message)
+                else:
+                    options_all = tuple(self._options(consumer, s) for s in via)  # type: ignore[union-attr]
+                retain = bool(message.headers.get(RETAIN_HEADER)) and any(o.get("rap") for o in options_all)
+            granted = max((o.get("qos", 0) for o in options_all), default=0)
         qos = min(message_qos(message), granted)
-        if topic is None or client is None:
-            self.conn.ack(consumer, tag)  # not expressible in MQTT: count it as delivered
-            return
-        properties = self._properties(message, options) if self.level == 5 else None
-        pid = client.packet_id_for(entry.seq) if qos else None
+        if client is None:
+            return True  # not expressible in MQTT: count it as delivered
+        if self.level == 5:
+            data = self._encode_v5(message, entry, options_all, qos, retain)
+            if data is None:
+                return True
+        else:
+            # 3.x: the bytes depend only on the message, QoS, retain and DUP, so they are
+            # built once per message and shared by every 3.x subscriber.
+            cache = message.cache
+            if cache is None:
+                cache = message.cache = {}
+            dup = bool(qos and entry.redeliveries)
+            key = (_MQTT3, qos, retain, dup)
+            parts = cache.get(key)
+            if parts is None:
+                topic = canonical_to_topic(message.destination)
+                if topic is None:
+                    parts = cache[key] = ()
+                else:
+                    parts = cache[key] = mq.publish_parts(topic, message.body, qos, retain, None, self.level, dup)
+            if not parts:
+                return True  # a STOMP topic with a level MQTT reserves for wildcards
+            if not qos:
+                data = parts[0] + parts[1]
+                if len(data) > self.peer_max_packet:
+                    return True
+                # After the batch holding anything before it is on disk (order).
+                self._outbox.add(data)  # type: ignore[union-attr]
+                return True
+            pid = client.packet_id_for(entry.seq)
+            data = b"".join((parts[0], pid.to_bytes(2, "big"), parts[1]))
+            if len(data) > self.peer_max_packet:
+                return True
+            self._outbox.add(data)  # type: ignore[union-attr]
+            self._track(consumer, tag, entry, pid)
+            return False
+        # After the batch holding its delivered mark (and anything before it) is on disk.
+        self._outbox.add(data[0])  # type: ignore[union-attr]
+        if not qos:
+            return True
+        self._track(consumer, tag, entry, data[1])
+        return False
+
+    def _track(self, consumer: Consumer, tag: int, entry: Entry, pid: int) -> None:
+        client = self.client
+        client.outbound[pid] = Inflight(consumer, tag, entry.seq)  # type: ignore[union-attr]
+        client.ids_by_seq[entry.seq] = pid  # type: ignore[union-attr]
+        self._inflight += 1
+        if self._inflight >= self._send_quota:
+            self._update_flow()
+
+    def _encode_v5(self, message: Message, entry: Entry, options: tuple[dict, ...], qos: int, retain: bool) -> tuple[bytes, int] | None:
+        """5.0 bytes for one subscriber (its subscription identifiers and topic alias), or None to skip."""
+        topic = canonical_to_topic(message.destination)
+        if topic is None:
+            return None
+        properties = self._properties(message, options)
+        pid = self.client.packet_id_for(entry.seq) if qos else None  # type: ignore[union-attr]
         new_alias = None
-        if properties is not None and self.peer_alias_max:
+        if self.peer_alias_max:
             topic, new_alias = self._alias(topic, properties)
-        data = mq.encode_publish(topic, message.body, qos, retain, bool(qos and entry.redeliveries), pid, properties, self.level)
+        data = mq.encode_publish(topic, message.body, qos, retain, bool(qos and entry.redeliveries), pid, properties, 5)
         if len(data) > self.peer_max_packet:
             # MQTT-3.1.2-25: too large for the client: discard as if delivered,
             # and do not keep an alias the client never learned.
             if new_alias is not None:
                 del self.out_aliases[new_alias]
-            self.conn.ack(consumer, tag)
-            return
-        # After the batch holding its delivered mark (and anything before it) is on disk.
-        self.conn.when_durable(lambda: self._write(data))
-        if qos:
-            client.outbound[pid] = Inflight(consumer, tag, entry.seq)  # type: ignore[index]
-            client.ids_by_seq[entry.seq] = pid  # type: ignore[assignment]
-            self._inflight += 1
-            if self._inflight >= self._send_quota:
-                self._update_flow()
-        else:
-            self.conn.ack(consumer, tag)
+            return None
+        return data, pid or 0
 
     def _recovered_options(self, message: Message) -> tuple[dict, ...]:
         """The options of this client's filters that match a message whose entry has no ``via``.

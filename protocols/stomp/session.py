@@ -27,6 +27,7 @@ from protocols.stomp.codec import (
     encode_frame,
     escape_header,
 )
+from protocols.outbox import Outbox
 from protocols.transport import Transport
 
 log = Logger(namespace="gateway.stomp")
@@ -106,6 +107,9 @@ class StompSession:
         self._receive_interval = 0.0
         self._last_read = 0.0
         self._last_write = 0.0
+        self._now = broker.clock.seconds
+        self._outbox: Outbox | None = None
+        self._stopping = False  # DISCONNECT seen: nothing after it is handled
         self._timer: Any = None
         self.label = remote
         # Why the session ended, for transports that can say (WebSocket close codes).
@@ -123,9 +127,9 @@ class StompSession:
     # -- input ------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        if self.closed or self._stopping:
             return
-        self._last_read = self.broker.clock.seconds()
+        self._last_read = self._now()
         while True:
             try:
                 frames = self.decoder.feed(data)
@@ -138,7 +142,7 @@ class StompSession:
                 self._fail(exc.message, exc.detail, exc.headers.get("receipt"))
                 return
             for frame in frames:
-                if self.closed:
+                if self.closed or self._stopping:
                     return
                 self._handle(frame)
             # The decoder pauses after CONNECT so the rest is read with the negotiated version.
@@ -159,7 +163,7 @@ class StompSession:
                 return
             if command in ("CONNECT", "STOMP"):
                 raise StompError("Already connected", "a second CONNECT on one connection")
-            getattr(self, "_on_" + command.lower())(frame)
+            _HANDLERS[command](self, frame)
         except StompError as exc:
             self._fail(exc.message, exc.detail, receipt)
             return
@@ -177,7 +181,7 @@ class StompSession:
     def _receipt(self, receipt: str) -> None:
         data = encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version)
         # Only once what the frame stored is on disk (group commit).
-        self.conn.when_durable(lambda: self._write(data))  # type: ignore[union-attr]
+        self._outbox.add(data)  # type: ignore[union-attr]
 
     # -- connection ---------------------------------------------------------
 
@@ -212,6 +216,7 @@ class StompSession:
         self._connect_timer = None
         self.conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote)
         self.label = f"{self.conn.id} {client_id or '-'}"
+        self._outbox = Outbox(self.conn.when_durable, self._write)
         out = [("version", version), ("server", SERVER_NAME), ("session", self.conn.id)]
         if version != "1.0":
             out.append(("heart-beat", self._negotiate_heartbeat(headers.get("heart-beat", "0,0"))))
@@ -258,8 +263,11 @@ class StompSession:
     def _on_disconnect(self, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
         if receipt is not None:
-            data = encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version)
-            self.conn.when_durable(lambda: (self._write(data), self._close()))  # type: ignore[union-attr]
+            # The receipt once what came before is on disk; the close on the next
+            # turn, since closing redelivers and durable callbacks must not dispatch.
+            self._stopping = True
+            self._outbox.add(encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version))  # type: ignore[union-attr]
+            self.conn.when_durable(lambda: self.broker.clock.callLater(0, self._close))  # type: ignore[union-attr]
         else:
             self._close()
 
@@ -380,7 +388,7 @@ class StompSession:
             parts.append(b"redelivered:true\nredelivery-count:%d\n" % entry.redeliveries)
         parts.append(self._message_tail(message))
         # After the batch holding its delivered mark (and anything before it) is on disk.
-        self._write_durable(b"".join(parts))
+        self._outbox.add(b"".join(parts))  # type: ignore[union-attr]
 
     def _message_tail(self, message: Message) -> bytes:
         """Everything after the per-subscriber headers: built once per message and escaping."""
@@ -491,12 +499,9 @@ class StompSession:
 
     # -- output and teardown -----------------------------------------------
 
-    def _write_durable(self, data: bytes) -> None:
-        self.conn.when_durable(lambda: self._write(data))  # type: ignore[union-attr]
-
     def _write(self, data: bytes) -> None:
         if not self.closed:
-            self._last_write = self.broker.clock.seconds()
+            self._last_write = self._now()
             self.transport.write(data)
 
     def _fail(self, message: str, detail: str = "", receipt: str | None = None) -> None:
@@ -560,3 +565,7 @@ def _int_header(headers: dict[str, str], name: str, default: int, low: int, high
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise StompError(f"Invalid {name} header", f"{name} must be {bound}, got {value}")
     return value
+
+
+# Client commands by name (CLIENT_COMMANDS has been checked before the lookup).
+_HANDLERS = {command: getattr(StompSession, "_on_" + command.lower()) for command in CLIENT_COMMANDS if command not in ("CONNECT", "STOMP")}
