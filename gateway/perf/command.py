@@ -14,7 +14,15 @@ from typing import Any
 
 from gateway.perf import procinfo
 from gateway.perf.roles import PerfError, Target
-from gateway.perf.scenarios import GROUPS, SCENARIOS, TARGETS, Options, Result, Scenario, expand
+from gateway.perf.scenarios import (
+    GROUPS,
+    SCENARIOS,
+    TARGETS,
+    Options,
+    Result,
+    Scenario,
+    expand,
+)
 
 
 def add_parser(commands: Any) -> None:

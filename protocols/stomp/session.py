@@ -17,6 +17,7 @@ from core.consumer import AckMode, Consumer
 from core.entry import Entry
 from core.errors import BrokerError
 from core.message import Message
+from protocols.outbox import Outbox
 from protocols.stomp import names
 from protocols.stomp.codec import (
     CLIENT_COMMANDS,
@@ -27,7 +28,6 @@ from protocols.stomp.codec import (
     encode_frame,
     escape_header,
 )
-from protocols.outbox import Outbox
 from protocols.transport import Transport
 
 log = Logger(namespace="gateway.stomp")
