@@ -38,6 +38,7 @@ from core.storage import (
 )
 from core.topic import Subscription, TopicSpace
 from core.trie import filter_matches
+from core.turn import Defer, TurnEnd
 from persistence.store import Store
 
 if TYPE_CHECKING:
@@ -58,9 +59,11 @@ class Clock(Protocol):
 class Broker:
     def __init__(
         self, store: Store, clock: Clock, policy: Policy | None = None, name: str = "gateway",
-        spill: Store | None = None,
+        spill: Store | None = None, defer: Defer | None = None,
     ) -> None:
         self.store = store
+        # Sessions gather their writes per reactor turn here (see protocols/outbox.py).
+        self.turn_end = TurnEnd(defer)
         # Where non-persistent messages beyond a queue's memory limit wait (wiped at start).
         self.spill = spill
         self.clock = clock

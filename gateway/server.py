@@ -68,7 +68,10 @@ class Gateway:
         config = self.config
         self.store = store
         self.spill = self._open_spill()
-        self.broker = Broker(store, self.reactor, config.policy, name=config.name, spill=self.spill)
+        self.broker = Broker(
+            store, self.reactor, config.policy, name=config.name, spill=self.spill,
+            defer=lambda work: self.reactor.callLater(0, work),
+        )
         self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings)
         self.factories = {
             "stomp": stomp_factory(self.broker, config.stomp_settings),

@@ -1,41 +1,48 @@
-"""Bytes for one client that may leave only once the store has synced what came before them.
+"""What a session writes to its client, gathered per reactor turn and held until it is durable.
 
 Receipts, PUBACKs and deliveries of stored messages must not reach the
 socket before the batch that holds their write (or delivered mark) is on
-disk.  One pending callback per client, not one closure per frame: frames
-that wait for the same batch are gathered and written with one write, in
-the order they were produced.  When nothing is waiting, the store calls
-back at once and the frame goes out directly.
+disk.  Frames produced in one reactor turn are gathered and, at the end of
+the turn, handed to the store's ``when_durable`` as one callback with one
+write: no closure and no transport call per frame, and the frames keep the
+order they were produced in.  Everything gathered was produced before the
+hand-over, so the store's promise covers all of it.
 
-The store runs ``when_durable`` callbacks right after the synced write and
-those callbacks only write bytes (they never route or dispatch), so
-everything gathered here belongs to the batch that was just synced.
+The turn's end is the broker's ``TurnEnd`` (core/turn.py).
 """
 from __future__ import annotations
 
 from typing import Callable
 
+from core.turn import TurnEnd
+
 
 class Outbox:
-    __slots__ = ("_when_durable", "_write", "_held", "_waiting")
+    __slots__ = ("_turn", "_when_durable", "_write", "_held", "_queued")
 
-    def __init__(self, when_durable: Callable[[Callable[[], None]], None], write: Callable[[bytes], None]) -> None:
+    def __init__(self, turn: TurnEnd, when_durable: Callable[[Callable[[], None]], None], write: Callable[[bytes], None]) -> None:
+        self._turn = turn
         self._when_durable = when_durable
         self._write = write
         self._held: list[bytes] = []
-        self._waiting = False
+        self._queued = False
 
     def add(self, data: bytes) -> None:
         self._held.append(data)
-        if not self._waiting:
-            self._waiting = True
-            self._when_durable(self._release)
+        if not self._queued:
+            self._queued = True
+            self._turn.add(self.submit)
 
-    def _release(self) -> None:
-        self._waiting = False
+    def submit(self) -> None:
+        """Hand what was gathered to the store now (also before an error closes the connection)."""
+        self._queued = False
         held = self._held
+        if not held:
+            return
         self._held = []
-        self._write(held[0] if len(held) == 1 else b"".join(held))
+        data = held[0] if len(held) == 1 else b"".join(held)
+        write = self._write
+        self._when_durable(lambda: write(data))
 
     def __len__(self) -> int:
         return len(self._held)

@@ -327,7 +327,7 @@ class MqttSession:
         self.label = f"{self.remote} {client_id}"
         self.will = packet.will
         self.conn = self.broker.connect(client_id, protocol=f"mqtt/{self.level}", remote=self.remote)
-        self._outbox = Outbox(self.conn.when_durable, self._write)
+        self._outbox = Outbox(self.broker.turn_end, self.conn.when_durable, self._write)
         keep_alive = packet.keep_alive
         server_keep_alive = None
         limit = self.settings.server_keep_alive
@@ -846,6 +846,8 @@ class MqttSession:
 
     def _server_disconnect(self, reason: int, why: str) -> None:
         """5.0 gets a DISCONNECT with the reason; 3.x just a closed socket (it has no server DISCONNECT)."""
+        if self._outbox is not None and not self.closed:
+            self._outbox.submit()  # frames gathered before the DISCONNECT go out before it
         if self.level == 5 and not self.closed:
             props = {"reason_string": why} if self.problem_information else {}
             self._send(mq.Disconnect(reason, props))
@@ -863,6 +865,8 @@ class MqttSession:
     def _close(self) -> None:
         if self.closed:
             return
+        if self._outbox is not None:
+            self._outbox.submit()  # what this turn gathered goes out before the close
         self._release()
         self.transport.close()
 

@@ -216,7 +216,7 @@ class StompSession:
         self._connect_timer = None
         self.conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote)
         self.label = f"{self.conn.id} {client_id or '-'}"
-        self._outbox = Outbox(self.conn.when_durable, self._write)
+        self._outbox = Outbox(self.broker.turn_end, self.conn.when_durable, self._write)
         out = [("version", version), ("server", SERVER_NAME), ("session", self.conn.id)]
         if version != "1.0":
             out.append(("heart-beat", self._negotiate_heartbeat(headers.get("heart-beat", "0,0"))))
@@ -267,6 +267,7 @@ class StompSession:
             # turn, since closing redelivers and durable callbacks must not dispatch.
             self._stopping = True
             self._outbox.add(encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version))  # type: ignore[union-attr]
+            self._outbox.submit()  # type: ignore[union-attr]
             self.conn.when_durable(lambda: self.broker.clock.callLater(0, self._close))  # type: ignore[union-attr]
         else:
             self._close()
@@ -514,6 +515,8 @@ class StompSession:
             headers.append(("receipt-id", receipt))
         body = (detail or message).encode("utf-8")
         headers.append(("content-length", str(len(body))))
+        if self._outbox is not None:
+            self._outbox.submit()  # frames gathered before the error go out before it
         self._write(encode_frame("ERROR", headers, body, version=self.version))
         self._close()
 
@@ -526,6 +529,8 @@ class StompSession:
     def _close(self) -> None:
         if self.closed:
             return
+        if self._outbox is not None:
+            self._outbox.submit()  # what this turn gathered goes out before the close
         self._release()
         self.transport.close()
 
