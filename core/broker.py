@@ -89,6 +89,7 @@ class Broker:
         self.messages_received = 0
         self.messages_sent = 0
         self._marks: set[MessageQueue] = set()
+        self._checked: set[str] = set()  # destinations that passed validate()
         self.started_at = 0.0
 
     # -- lifecycle ------------------------------------------------------
@@ -175,6 +176,15 @@ class Broker:
 
     # -- routing --------------------------------------------------------
 
+    def check_destination(self, destination: str) -> None:
+        """Refuse a name no message may be sent to; names seen before are not parsed again."""
+        checked = self._checked
+        if destination not in checked:
+            dest.validate(destination, allow_wildcards=False)
+            if len(checked) >= 10_000:
+                checked.clear()
+            checked.add(destination)
+
     def send(self, message: Message, delay_ms: int = 0) -> None:
         """Route now, or after ``delay_ms`` (scheduled delivery)."""
         if delay_ms > 0:
@@ -199,9 +209,8 @@ class Broker:
 
     def _publish(self, message: Message) -> None:
         seq = self.next_seq()
-        levels = dest.topic_levels(dest.name_of(message.destination))
+        levels, subs = self.topics.route(message.destination)
         self.topics.remember(levels, seq, message)
-        subs = self.topics.match(levels)
         if len(subs) == 1:
             sub = subs[0]
             if sub.wants(message):

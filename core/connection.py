@@ -64,7 +64,7 @@ class Connection:
     # -- producing ------------------------------------------------------
 
     def send(self, message: Message, transaction: str | None = None, delay_ms: int = 0, retain: bool = False) -> None:
-        dest.validate(message.destination, allow_wildcards=False)
+        self.broker.check_destination(message.destination)
         if retain:
             if not message.destination.startswith("topic://"):
                 raise BrokerError("only topic messages can be retained")

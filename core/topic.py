@@ -48,20 +48,40 @@ class Subscription:
         return selector is None or selector.matches(message.lookup)
 
 
+# Topics whose matches are remembered; beyond it the cache starts over (bounded memory).
+ROUTE_CACHE_SIZE = 10_000
+
+
 class TopicSpace:
     def __init__(self, retroactive_count: int) -> None:
         self.trie: TopicTrie[Subscription] = TopicTrie()
         self.retroactive_count = retroactive_count
         self.recent: dict[tuple[str, ...], deque[tuple[int, Message]]] = {}
+        # destination -> (levels, matching subscriptions): publishing to a topic
+        # again costs one dict lookup, not a trie walk.  Any subscription change
+        # empties it, so it never answers with a stale set.
+        self.routes: dict[str, tuple[tuple[str, ...], list[Subscription]]] = {}
 
     def add(self, subscription: Subscription) -> None:
         self.trie.add(subscription.levels, subscription)
+        self.routes.clear()
 
     def remove(self, subscription: Subscription) -> None:
         self.trie.remove(subscription.levels, subscription)
+        self.routes.clear()
 
     def match(self, levels: tuple[str, ...]) -> list[Subscription]:
         return self.trie.match(levels)
+
+    def route(self, destination: str) -> tuple[tuple[str, ...], list[Subscription]]:
+        """The levels of a canonical topic and the subscriptions that match it."""
+        found = self.routes.get(destination)
+        if found is None:
+            if len(self.routes) >= ROUTE_CACHE_SIZE:
+                self.routes.clear()
+            levels = topic_levels(name_of(destination))
+            found = self.routes[destination] = (levels, self.trie.match(levels))
+        return found
 
     def remember(self, levels: tuple[str, ...], seq: int, message: Message) -> None:
         if self.retroactive_count <= 0:

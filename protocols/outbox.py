@@ -16,9 +16,14 @@ from typing import Callable
 
 from core.turn import TurnEnd
 
+# Bytes gathered before they are handed over without waiting for the turn's end:
+# Twisted's own buffer size, so a consumer that drains a deep queue in one turn
+# still meets the transport's back-pressure (pauseProducing) as it goes.
+HAND_OVER_BYTES = 65536
+
 
 class Outbox:
-    __slots__ = ("_turn", "_when_durable", "_write", "_held", "_queued")
+    __slots__ = ("_turn", "_when_durable", "_write", "_held", "_queued", "_bytes")
 
     def __init__(self, turn: TurnEnd, when_durable: Callable[[Callable[[], None]], None], write: Callable[[bytes], None]) -> None:
         self._turn = turn
@@ -26,10 +31,14 @@ class Outbox:
         self._write = write
         self._held: list[bytes] = []
         self._queued = False
+        self._bytes = 0
 
     def add(self, data: bytes) -> None:
         self._held.append(data)
-        if not self._queued:
+        self._bytes += len(data)
+        if self._bytes >= HAND_OVER_BYTES:
+            self.submit()
+        elif not self._queued:
             self._queued = True
             self._turn.add(self.submit)
 
@@ -40,6 +49,7 @@ class Outbox:
         if not held:
             return
         self._held = []
+        self._bytes = 0
         data = held[0] if len(held) == 1 else b"".join(held)
         write = self._write
         self._when_durable(lambda: write(data))

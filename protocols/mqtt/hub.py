@@ -38,6 +38,8 @@ class MqttHub:
         self.queue_filters = [
             tuple(filter_to_canonical(f)[8:].split(".")) for f in settings.queue_topics
         ]
+        # MQTT topic -> canonical destination, so a repeated topic is mapped once.
+        self.destinations: dict[str, str] = {}
 
     @staticmethod
     def queue_key(client_id: str) -> str:

@@ -451,11 +451,19 @@ class MqttSession:
         raise MqttProtocolError(reason, why)
 
     def _publish_destination(self, topic: str) -> str:
-        canonical = topic_to_canonical(topic)
-        for levels in self.hub.queue_filters:
-            if filter_matches(levels, tuple(canonical[8:].split("."))):
-                return "queue://" + canonical[8:]
-        return canonical
+        names = self.hub.destinations
+        destination = names.get(topic)
+        if destination is None:
+            canonical = topic_to_canonical(topic)
+            destination = canonical
+            for levels in self.hub.queue_filters:
+                if filter_matches(levels, tuple(canonical[8:].split("."))):
+                    destination = "queue://" + canonical[8:]
+                    break
+            if len(names) >= 10_000:
+                names.clear()  # bounded: a device fleet publishing to a million topics
+            names[topic] = destination
+        return destination
 
     def _message(self, destination: str, packet: mq.Publish, props: dict) -> Message:
         return build_message(self.broker, destination, packet.payload, packet.qos, packet.retain, props)
