@@ -319,15 +319,15 @@ def stomp_consumer(run: Run, target: Target, queue: str, count: int, ack: str, c
     t_last = None
     if ack == "auto":
         # Every frame from here is a MESSAGE ending in one NUL: count NULs in C.
-        heads = 0
+        heads = PrefixCounter(b"MESSAGE\n")
         while received < count:
             data = wire.recv(IDLE)
             if not data:
                 break
             received += data.count(b"\0")
-            heads += data.count(b"MESSAGE\n")
+            heads.feed(data)
             t_last = time.monotonic()
-        exact = heads == received
+        exact = heads.count == received
     else:
         buf = wire.buf
         exact = True

@@ -109,6 +109,7 @@ class StompSession:
         self._last_write = 0.0
         self._now = broker.clock.seconds
         self._outbox: Outbox | None = None
+        self._names: dict[str, str] = {}  # STOMP destination -> canonical, for repeated SENDs
         self._stopping = False  # DISCONNECT seen: nothing after it is handled
         self._timer: Any = None
         self.label = remote
@@ -278,7 +279,15 @@ class StompSession:
         name = frame.headers.get("destination")
         if not name:
             raise StompError("Missing destination header", f"{frame.command} requires a destination header")
-        return names.to_canonical(name, self.conn.temp_queue)  # type: ignore[union-attr]
+        known = self._names.get(name)
+        if known is not None:
+            return known
+        canonical = names.to_canonical(name, self.conn.temp_queue)  # type: ignore[union-attr]
+        if not name.startswith("/temp-queue/"):  # those are created on first use: always resolve
+            if len(self._names) >= 1000:
+                self._names.clear()
+            self._names[name] = canonical
+        return canonical
 
     def _on_send(self, frame: Frame) -> None:
         h = frame.headers
@@ -286,10 +295,11 @@ class StompSession:
         broker = self.broker
         persistent_text = h.get("persistent")
         persistent = broker.policy.default_persistent if persistent_text is None else persistent_text.lower() in _TRUE
-        priority = _int_header(h, "priority", 4, 0, 9)
-        expiration = _int_header(h, "expires", 0, 0, _INT64_MAX)
-        delay = _int_header(h, "AMQ_SCHEDULED_DELAY", 0, 0, _MAX_DELAY_MS)
-        group_seq = _int_header(h, "JMSXGroupSeq", 0, -1, _INT64_MAX)
+        # Most SENDs carry none of these: a dict lookup each, a parse only when present.
+        priority = 4 if "priority" not in h else _int_header(h, "priority", 4, 0, 9)
+        expiration = 0 if "expires" not in h else _int_header(h, "expires", 0, 0, _INT64_MAX)
+        delay = 0 if "AMQ_SCHEDULED_DELAY" not in h else _int_header(h, "AMQ_SCHEDULED_DELAY", 0, 0, _MAX_DELAY_MS)
+        group_seq = 0 if "JMSXGroupSeq" not in h else _int_header(h, "JMSXGroupSeq", 0, -1, _INT64_MAX)
         reply_to = h.get("reply-to")
         if reply_to is not None:
             # The core keeps reply-to in canonical form so every protocol can name it
@@ -301,7 +311,7 @@ class StompSession:
         usage = broker.store_usage
         if persistent and usage.full and broker.policy.store_full_policy == "fail":
             raise StompError("Store limit reached", "the broker's store is full; retry once consumers have caught up")
-        custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL}
+        custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL} if not h.keys() <= _SEND_CONTROL else {}
         message = Message(
             broker.new_message_id(), destination, frame.body, custom,
             persistent=persistent, priority=priority, expiration=expiration, timestamp=broker.now_ms(),
@@ -425,9 +435,7 @@ class StompSession:
                 # (or a colon in its name) cannot be written, so it is left out.
                 headers = [(k, v) for k, v in headers if "\n" not in k and "\n" not in v and ":" not in k]
             headers.append(("content-length", str(len(message.body))))
-            # encode_frame gives COMMAND\n...; drop the command line to get the tail.
-            encoded = encode_frame("X", headers, message.body, version=self.version)
-            tail = cache[key] = encoded[2:]
+            tail = cache[key] = _encode_tail(headers, message.body, self.version)
         return tail
 
     def _find(self, frame: Frame) -> tuple[_Sub, int]:
@@ -574,3 +582,20 @@ def _int_header(headers: dict[str, str], name: str, default: int, low: int, high
 
 # Client commands by name (CLIENT_COMMANDS has been checked before the lookup).
 _HANDLERS = {command: getattr(StompSession, "_on_" + command.lower()) for command in CLIENT_COMMANDS if command not in ("CONNECT", "STOMP")}
+
+
+_SPECIAL = ("\\", "\n", ":", "\r")
+
+
+def _encode_tail(headers: list[tuple[str, str]], body: bytes, version: str) -> bytes:
+    """Header lines, blank line, body and NUL of a MESSAGE, built once per message.
+
+    Escaping runs only when some name or value needs it: usually none does,
+    and then the frame is one join.  1.0 headers were filtered by the caller.
+    """
+    if version != "1.0":
+        joined = "".join(name + value for name, value in headers)
+        if any(c in joined for c in _SPECIAL):
+            headers = [(escape_header(name, version), escape_header(value, version)) for name, value in headers]
+    text = "".join([f"{name}:{value}\n" for name, value in headers])
+    return b"".join((text.encode("utf-8"), b"\n", body, b"\0"))
