@@ -59,18 +59,28 @@ class Host(Protocol):
     def expired(self, queue: "MessageQueue", entry: Entry) -> None: ...
 
 
+_UNUSED: tuple = ()
+
+
 class Pending:
     """Entries waiting for a consumer: a deque per priority, highest served first."""
 
     __slots__ = ("levels", "size", "bytes")
 
     def __init__(self) -> None:
-        self.levels: list[deque[Entry]] = [deque() for _ in range(PRIORITIES)]
+        # A deque is ~760 bytes even when empty and most queues only ever see one
+        # priority (an idle MQTT client has a queue of its own): levels start as
+        # the shared empty tuple and get a deque on first use.
+        self.levels: list[deque[Entry] | tuple] = [_UNUSED] * PRIORITIES
         self.size = 0
         self.bytes = 0  # what the entries cost in memory, for the queue's memory limit
 
     def append(self, entry: Entry) -> None:
-        self.levels[entry.message.priority].append(entry)
+        p = entry.message.priority
+        level = self.levels[p]
+        if level is _UNUSED:
+            level = self.levels[p] = deque()
+        level.append(entry)  # type: ignore[union-attr]
         self.size += 1
         self.bytes += cost(entry)
 
@@ -78,7 +88,11 @@ class Pending:
         """Put entries back ahead of everything of their priority, keeping their order."""
         levels = self.levels
         for entry in reversed(entries):
-            levels[entry.message.priority].appendleft(entry)
+            p = entry.message.priority
+            level = levels[p]
+            if level is _UNUSED:
+                level = levels[p] = deque()
+            level.appendleft(entry)  # type: ignore[union-attr]
             self.bytes += cost(entry)
         self.size += len(entries)
 
@@ -106,8 +120,7 @@ class Pending:
 
     def clear(self) -> list[Entry]:
         out = list(self)
-        for level in self.levels:
-            level.clear()
+        self.levels = [_UNUSED] * PRIORITIES
         self.size = 0
         self.bytes = 0
         return out
