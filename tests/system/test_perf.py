@@ -1,0 +1,58 @@
+"""``gateway perf`` as users run it: every scenario against a real broker process, counts verified.
+
+Small counts keep this quick; the figures are not asserted (speed is measured
+by the command itself, not by tests), only that every message arrived and
+that the report names what it measured.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gateway.perf.scenarios import SCENARIOS
+from tests.system.test_cli import free_port
+
+
+def perf(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "perf", *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_every_scenario_against_its_own_broker():
+    run = perf("all", "--start-broker", "--count", "3000", "--subscribers", "5",
+               "--duration", "1", "--rate", "500", "--connections", "300")
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert [r["scenario"] for r in lines] == list(SCENARIOS)
+    by_name = {r["scenario"]: r for r in lines}
+    for result in lines:
+        assert result["verified"], result
+        assert result["messages"] == result["expected"]
+        assert result["broker_pid"] and result["broker_cpu_s"] is not None
+        assert result["figure"] > 0
+    assert by_name["mqtt-fanout"]["expected"] == 3000 * 5
+    assert by_name["latency"]["expected"] == 500
+    assert 0 < by_name["latency"]["p50_ms"] <= by_name["latency"]["p99_ms"] <= by_name["latency"]["max_ms"]
+    assert by_name["stomp-persistent"]["confirmed"] == 3000
+    assert by_name["connections"]["refused"] == 0 and by_name["connections"]["failed"] == 0
+    assert by_name["connections"]["broker_rss_after"] > by_name["connections"]["broker_rss_before"]
+    table = run.stdout[run.stdout.index("scenario "):]
+    for name in SCENARIOS:
+        assert name in table
+
+
+def test_nothing_listening_is_a_clear_failure():
+    port = str(free_port())
+    run = perf("mqtt-qos0", "stomp-queue", "--mqtt-port", port, "--stomp-port", port, "--count", "10", timeout=60)
+    assert run.returncode == 1
+    assert "mqtt-qos0 failed" in run.stderr and "stomp-queue failed" in run.stderr
+    assert "Connection refused" in run.stderr
+
+
+def test_unknown_scenario_is_a_usage_error():
+    run = perf("mqtt-qos3", timeout=30)
+    assert run.returncode == 2
+    assert "unknown scenario 'mqtt-qos3'" in run.stderr

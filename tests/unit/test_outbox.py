@@ -1,0 +1,78 @@
+"""The outbox: frames of one turn gathered into one write, never ahead of the store's sync."""
+from __future__ import annotations
+
+from core.turn import TurnEnd
+from protocols.outbox import HAND_OVER_BYTES, Outbox
+
+
+class Store:
+    """when_durable as the RocksStore keeps it: at once when nothing waits, else after flush()."""
+
+    def __init__(self) -> None:
+        self.dirty = False
+        self.waiting: list = []
+
+    def when_durable(self, callback) -> None:
+        if not self.dirty and not self.waiting:
+            callback()
+        else:
+            self.waiting.append(callback)
+
+    def flush(self) -> None:
+        self.dirty = False
+        waiting, self.waiting = self.waiting, []
+        for callback in waiting:
+            callback()
+
+
+def setup():
+    deferred: list = []
+    store = Store()
+    writes: list[bytes] = []
+    return deferred, store, writes, Outbox(TurnEnd(deferred.append), store.when_durable, writes.append)
+
+
+def test_one_write_per_turn_in_order():
+    deferred, _, writes, box = setup()
+    for frame in (b"a", b"b", b"c"):
+        box.add(frame)
+    assert writes == []
+    deferred.pop()()
+    assert writes == [b"abc"]
+
+
+def test_nothing_goes_out_before_the_batch_is_synced():
+    deferred, store, writes, box = setup()
+    store.dirty = True  # this turn wrote to the store
+    box.add(b"receipt")
+    deferred.pop()()
+    assert writes == []
+    box.add(b"next turn")
+    deferred.pop()()
+    assert writes == []
+    store.flush()
+    assert writes == [b"receipt", b"next turn"]
+
+
+def test_a_large_turn_is_handed_over_as_it_grows():
+    """Back-pressure: a consumer draining a deep queue meets the transport's buffer limit."""
+    deferred, _, writes, box = setup()
+    frame = b"x" * 1000
+    for _ in range(HAND_OVER_BYTES // 1000 + 1):
+        box.add(frame)
+    assert len(writes) == 1 and len(writes[0]) >= HAND_OVER_BYTES
+    box.add(b"tail")
+    for run in deferred:
+        run()
+    assert writes[-1] == b"tail"
+    assert sum(map(len, writes)) == (HAND_OVER_BYTES // 1000 + 1) * 1000 + 4
+
+
+def test_submit_hands_over_at_once_before_an_error_frame():
+    deferred, _, writes, box = setup()
+    box.add(b"MESSAGE")
+    box.submit()
+    writes.append(b"ERROR")
+    for run in deferred:
+        run()  # the turn's own call finds nothing left
+    assert writes == [b"MESSAGE", b"ERROR"]
