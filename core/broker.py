@@ -70,7 +70,7 @@ class Broker:
         self.policy = policy or Policy()
         self.name = name
         self.queues: dict[str, MessageQueue] = {}
-        self.topics = TopicSpace(self.policy.retroactive_count)
+        self.topics = TopicSpace(self.policy.retroactive_count, self.policy.retroactive_memory)
         self.durables: dict[str, Subscription] = {}         # subscription key -> subscription
         self.durable_queues: dict[str, MessageQueue] = {}    # queue key -> queue fed by durables
         self.shared: dict[str, tuple[Subscription, int]] = {}  # shared subscription -> (sub, members)

@@ -27,6 +27,9 @@ class Policy:
     default_prefetch: int = 1000
     # How many recent messages a topic keeps for retroactive consumers (0: none).
     retroactive_count: int = 100
+    # Bytes the recent-message windows of all topics may hold together; topics
+    # published to least recently give theirs up first.
+    retroactive_memory: int = 8 * 1024 * 1024
     # How many pending messages one dispatch pass looks at to find a match for
     # selectors and groups (ActiveMQ's maxPageSize): bounds the work per pass.
     max_page_size: int = 400

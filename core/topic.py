@@ -1,7 +1,7 @@
 """Topic subscriptions and the recent-message window for retroactive consumers."""
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 from core.destination import name_of, topic_levels
 from core.message import Message
@@ -52,11 +52,23 @@ class Subscription:
 ROUTE_CACHE_SIZE = 10_000
 
 
+def _remembered(message: Message) -> int:
+    return len(message.body) + _WINDOW_OVERHEAD
+
+
+_WINDOW_OVERHEAD = 300  # a Message with a few headers, beside its body
+
+
 class TopicSpace:
-    def __init__(self, retroactive_count: int) -> None:
+    def __init__(self, retroactive_count: int, retroactive_memory: int = 8 * 1024 * 1024) -> None:
         self.trie: TopicTrie[Subscription] = TopicTrie()
         self.retroactive_count = retroactive_count
-        self.recent: dict[tuple[str, ...], deque[tuple[int, Message]]] = {}
+        # The windows of all topics together stay under retroactive_memory bytes:
+        # a fleet publishing to a million topics must not keep a hundred messages
+        # of each.  The topics published to least recently lose their window first.
+        self.retroactive_memory = retroactive_memory
+        self.recent: OrderedDict[tuple[str, ...], deque[tuple[int, Message]]] = OrderedDict()
+        self.recent_bytes = 0
         # destination -> (levels, matching subscriptions): publishing to a topic
         # again costs one dict lookup, not a trie walk.  Any subscription change
         # empties it, so it never answers with a stale set.
@@ -86,10 +98,30 @@ class TopicSpace:
     def remember(self, levels: tuple[str, ...], seq: int, message: Message) -> None:
         if self.retroactive_count <= 0:
             return
-        window = self.recent.get(levels)
+        recent = self.recent
+        window = recent.get(levels)
         if window is None:
-            window = self.recent[levels] = deque(maxlen=self.retroactive_count)
+            window = recent[levels] = deque(maxlen=self.retroactive_count)
+        else:
+            recent.move_to_end(levels)
+            if len(window) == self.retroactive_count:
+                self.recent_bytes -= _remembered(window[0][1])  # the append pushes it out
         window.append((seq, message))
+        self.recent_bytes += _remembered(message)
+        if self.recent_bytes > self.retroactive_memory:
+            self._shrink(levels)
+
+    def _shrink(self, keep: tuple[str, ...]) -> None:
+        recent = self.recent
+        while self.recent_bytes > self.retroactive_memory and len(recent) > 1:
+            levels, window = recent.popitem(last=False)
+            if levels == keep:  # cannot happen while it is the most recent; kept for safety
+                recent[levels] = window
+                break
+            self.recent_bytes -= sum(_remembered(m) for _, m in window)
+        window = recent.get(keep)
+        while window and self.recent_bytes > self.retroactive_memory:
+            self.recent_bytes -= _remembered(window.popleft()[1])
 
     def replay(self, filter_levels: tuple[str, ...]) -> list[tuple[int, Message]]:
         """Recent messages of every topic the filter matches, oldest first."""
