@@ -410,7 +410,6 @@ class StompSession:
         tail = cache.get(key)
         if tail is None:
             headers = [
-                ("message-id", message.id),
                 ("destination", names.from_canonical(message.destination)),
                 ("timestamp", str(message.timestamp)),
                 ("priority", str(message.priority)),
@@ -429,13 +428,17 @@ class StompSession:
                 headers.append(("JMSXGroupID", message.group_id))
                 headers.append(("JMSXGroupSeq", str(message.group_seq)))
             reserved = {name for name, _ in headers}
+            reserved.add("message-id")
             headers.extend((k, v) for k, v in message.headers.items() if k not in reserved)
             if self.version == "1.0":
                 # 1.0 has no escaping: a header another client sent with a newline
                 # (or a colon in its name) cannot be written, so it is left out.
                 headers = [(k, v) for k, v in headers if "\n" not in k and "\n" not in v and ":" not in k]
             headers.append(("content-length", str(len(message.body))))
-            tail = cache[key] = _encode_tail(headers, message.body, self.version)
+            # Every id has a colon ("ID:..."): escaped on its own, so the other
+            # headers usually need no escaping at all.
+            first = "message-id:" + (message.id if self.version == "1.0" else escape_header(message.id, self.version)) + "\n"
+            tail = cache[key] = _encode_tail(first, headers, message.body, self.version)
         return tail
 
     def _find(self, frame: Frame) -> tuple[_Sub, int]:
@@ -587,7 +590,7 @@ _HANDLERS = {command: getattr(StompSession, "_on_" + command.lower()) for comman
 _SPECIAL = ("\\", "\n", ":", "\r")
 
 
-def _encode_tail(headers: list[tuple[str, str]], body: bytes, version: str) -> bytes:
+def _encode_tail(first: str, headers: list[tuple[str, str]], body: bytes, version: str) -> bytes:
     """Header lines, blank line, body and NUL of a MESSAGE, built once per message.
 
     Escaping runs only when some name or value needs it: usually none does,
@@ -597,5 +600,5 @@ def _encode_tail(headers: list[tuple[str, str]], body: bytes, version: str) -> b
         joined = "".join(name + value for name, value in headers)
         if any(c in joined for c in _SPECIAL):
             headers = [(escape_header(name, version), escape_header(value, version)) for name, value in headers]
-    text = "".join([f"{name}:{value}\n" for name, value in headers])
+    text = first + "".join([f"{name}:{value}\n" for name, value in headers])
     return b"".join((text.encode("utf-8"), b"\n", body, b"\0"))
