@@ -19,7 +19,7 @@ from core.entry import Entry
 from core.errors import SubscriptionError, UnknownDestination
 from core.message import Message, decode_message, encode_message
 from core.policy import Policy
-from core.queue import MessageQueue
+from core.queue import MemoryUsage, MessageQueue
 from core.storage import (
     DELIVERED_KIND,
     DURABLE_KIND,
@@ -76,6 +76,7 @@ class Broker:
         self.shared: dict[str, tuple[Subscription, int]] = {}  # shared subscription -> (sub, members)
         self.retained: dict[tuple[str, ...], Message] = {}
         self.store_usage = StoreUsage(self.policy.store_limit)
+        self.memory = MemoryUsage(self.policy.memory_limit)
         self.topic_messages = TopicMessages(store, self.store_usage)
         self.connections: dict[str, "Connection"] = {}
         self.temp_owners: dict[str, str] = {}  # temp queue -> owning connection id

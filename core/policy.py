@@ -40,6 +40,9 @@ class Policy:
     # consumers drain it (ActiveMQ's store cursor), so a deep backlog does not grow
     # the process.  Priority order holds within what is in memory.
     queue_memory_limit: int = 32 * 1024 * 1024
+    # Bytes of pending messages all queues together keep in memory (0: no limit;
+    # ActiveMQ's memoryUsage).  Beyond it every queue pages new arrivals.
+    memory_limit: int = 256 * 1024 * 1024
     # Bytes of persistent messages the store may hold (0: no limit; ActiveMQ's storeUsage).
     # When reached, producers of persistent messages are held back ("block": their
     # socket is not read until consumers make room) or refused ("fail").

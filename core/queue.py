@@ -51,6 +51,8 @@ class Host(Protocol):
     policy: Policy
     messages_sent: int
     spill: Any  # a Store for non-persistent messages beyond memory, or None
+    store: Any
+    memory: "MemoryUsage"
 
     def delivered(self, queue: "MessageQueue", seq: int) -> None: ...
 
@@ -61,13 +63,37 @@ class Host(Protocol):
 
 _UNUSED: tuple = ()
 
+# A queue with nothing in memory may always page this much back in, whatever the
+# broker-wide usage, so its consumers never starve behind other queues' backlogs.
+PAGE_FLOOR = 256 * 1024
+
+
+class MemoryUsage:
+    """Bytes of pending messages all queues hold in memory, against the broker-wide limit.
+
+    The per-queue limit bounds one deep queue; this bounds a flood spread over
+    many (ActiveMQ's systemUsage memoryUsage).  Over it, every pageable queue
+    pages new arrivals (persistent ones stay in the store, others spill).
+    """
+
+    __slots__ = ("bytes", "limit")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.bytes = 0
+        self.limit = limit
+
+    @property
+    def over(self) -> bool:
+        return self.limit > 0 and self.bytes >= self.limit
+
 
 class Pending:
     """Entries waiting for a consumer: a deque per priority, highest served first."""
 
-    __slots__ = ("levels", "size", "bytes")
+    __slots__ = ("levels", "size", "bytes", "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, usage: MemoryUsage | None = None) -> None:
+        self.usage = usage if usage is not None else MemoryUsage()
         # A deque is ~760 bytes even when empty and most queues only ever see one
         # priority (an idle MQTT client has a queue of its own): levels start as
         # the shared empty tuple and get a deque on first use.
@@ -82,7 +108,9 @@ class Pending:
             level = self.levels[p] = deque()
         level.append(entry)  # type: ignore[union-attr]
         self.size += 1
-        self.bytes += cost(entry)
+        c = cost(entry)
+        self.bytes += c
+        self.usage.bytes += c
 
     def push_front(self, entries: list[Entry]) -> None:
         """Put entries back ahead of everything of their priority, keeping their order."""
@@ -93,13 +121,17 @@ class Pending:
             if level is _UNUSED:
                 level = levels[p] = deque()
             level.appendleft(entry)  # type: ignore[union-attr]
-            self.bytes += cost(entry)
+            c = cost(entry)
+            self.bytes += c
+            self.usage.bytes += c
         self.size += len(entries)
 
     def taken(self, entry: Entry) -> None:
         """Account for an entry removed from a level directly."""
         self.size -= 1
-        self.bytes -= cost(entry)
+        c = cost(entry)
+        self.bytes -= c
+        self.usage.bytes -= c
 
     def popleft(self) -> Entry:
         levels = self.levels
@@ -122,6 +154,7 @@ class Pending:
         out = list(self)
         self.levels = [_UNUSED] * PRIORITIES
         self.size = 0
+        self.usage.bytes -= self.bytes
         self.bytes = 0
         return out
 
@@ -131,7 +164,7 @@ class MessageQueue:
         self.name = name
         self.host = host
         self.storage = storage
-        self.pending = Pending()
+        self.pending = Pending(host.memory)
         self.consumers: list[Consumer] = []
         self.groups: dict[str, Consumer] = {}
         self.enqueued = 0
@@ -207,7 +240,7 @@ class MessageQueue:
     def restore(self, entry: Entry) -> None:
         """Add an entry recovered from the store (already stored, not counted again)."""
         entry.stored = True
-        if self.paged or (self.memory_limit and self.pending.bytes >= self.memory_limit):
+        if self.over_memory():
             self.restore_paged(entry.seq)
             return
         self.pending.append(entry)
@@ -223,7 +256,9 @@ class MessageQueue:
         self.paged += 1
 
     def over_memory(self) -> bool:
-        return bool(self.paged or (self.memory_limit and self.pending.bytes >= self.memory_limit))
+        return bool(self.paged or (self.memory_limit and (
+            self.pending.bytes >= self.memory_limit or self.pending.usage.over
+        )))
 
     def _page_out(self, entry: Entry) -> bool:
         """Leave an arriving entry outside memory when the queue is over its limit.
@@ -249,8 +284,11 @@ class MessageQueue:
         """Bring paged entries back, oldest first, up to the memory limit: from the
         store and the spill store, merged by sequence."""
         sources = []
+        # Reads see only written batches, and frames waiting for the store's sync
+        # reach the socket: a consumer that cannot keep up is paused before more
+        # is loaded for it (otherwise its backlog would move into its outbox).
+        self.host.store.flush()
         if self.storage is not None:
-            self.storage.store.flush()  # reads see only written batches
             sources.append(((seq, message, True) for seq, message in self.storage.page(self.page_from)))
         spill = self.host.spill
         if self.spilled and spill is not None:
@@ -259,6 +297,11 @@ class MessageQueue:
                 ((seq, decode_message(data), False) for seq, data in spill.iter_messages(self.name, self.page_from))
             )
         budget = self.memory_limit - self.pending.bytes
+        usage = self.pending.usage
+        if usage.limit:
+            budget = min(budget, usage.limit - usage.bytes)
+        if not self.pending.size:
+            budget = max(budget, min(PAGE_FLOOR, self.memory_limit))
         mark = self.delivered_mark
         loaded = 0
         exhausted = True

@@ -416,6 +416,7 @@ class MqttSession:
         if qos and usage.full and self.broker.policy.store_full_policy == "fail":
             self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, "the broker's store is full")
             return
+        stored_before = usage.bytes
         try:
             destination = self._publish_destination(topic)
             message = self._message(destination, packet, props)
@@ -423,7 +424,7 @@ class MqttSession:
         except (InvalidTopic, BrokerError) as exc:
             self._reject_publish(packet, ReasonCode.TOPIC_NAME_INVALID, str(exc))
             return
-        if qos and usage.full and not self._held and self.broker.policy.store_full_policy == "block":
+        if qos and usage.full and usage.bytes > stored_before and not self._held and self.broker.policy.store_full_policy == "block":
             # Producer flow control: read nothing more from this client until there is room.
             self._held = True
             log.info("[{label}] store limit reached: holding this publisher", label=self.label)

@@ -311,6 +311,7 @@ class StompSession:
         usage = broker.store_usage
         if persistent and usage.full and broker.policy.store_full_policy == "fail":
             raise StompError("Store limit reached", "the broker's store is full; retry once consumers have caught up")
+        stored_before = usage.bytes
         custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL} if not h.keys() <= _SEND_CONTROL else {}
         message = Message(
             broker.new_message_id(), destination, frame.body, custom,
@@ -319,7 +320,12 @@ class StompSession:
             reply_to=reply_to, content_type=h.get("content-type"),
         )
         self.conn.send(message, h.get("transaction"), delay)  # type: ignore[union-attr]
-        if persistent and usage.full and not self._held and broker.policy.store_full_policy == "block":
+        if (
+            persistent and usage.full and usage.bytes > stored_before
+            and not self._held and broker.policy.store_full_policy == "block"
+        ):
+            # Only a send that was stored holds the producer: a persistent message
+            # to a topic nobody durably follows costs the store nothing.
             # Producer flow control: read nothing more from this client until there is room.
             self._held = True
             log.info("[{label}] store limit reached: holding this producer", label=self.label)
