@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import resource
 import sys
 from typing import Any, Sequence
@@ -49,6 +50,17 @@ def _raise_file_limit() -> None:
             pass
 
 
+def _tune_gc() -> None:
+    """Collect the young generation every 50,000 allocations instead of 700.
+
+    Every message allocates a few tracked objects (its headers, an entry), so
+    the default threshold ran a collection every few hundred messages and
+    showed up on the hot path's profile; messages are acyclic, so collecting
+    less often frees the same memory, a little later.
+    """
+    gc.set_threshold(50_000, 20, 100)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = configuration.load(args.config, {
@@ -60,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     _start_logging(config.log_level)
     _raise_file_limit()
+    _tune_gc()
 
     from twisted.internet import reactor
 
