@@ -109,7 +109,9 @@ _OPTIONAL = ("group_id", "correlation_id", "reply_to", "content_type")
 
 
 def _put_str(parts: list[bytes], value: str) -> None:
-    raw = value.encode("utf-8")
+    # surrogateescape: MQTT 5 correlation data that is not UTF-8 rides in a str
+    # as escaped bytes, and must come back from the store byte for byte.
+    raw = value.encode("utf-8", "surrogateescape")
     parts.append(_LEN.pack(len(raw)))
     parts.append(raw)
 
@@ -158,7 +160,7 @@ def decode_message(data: bytes) -> Message:
             nonlocal pos
             (n,) = _LEN.unpack_from(data, pos)
             pos += 4
-            value = str(view[pos:pos + n], "utf-8")
+            value = str(view[pos:pos + n], "utf-8", "surrogateescape")
             pos += n
             return value
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from twisted.logger import Logger
+
+log = Logger(namespace="gateway.core")
+
 Defer = Callable[[Callable[[], None]], None]
 
 
@@ -33,6 +37,10 @@ class TurnEnd:
     def _run(self) -> None:
         due, self._due = self._due, []
         for callback in due:
-            callback()
+            try:
+                callback()
+            except Exception:
+                # One client's failure must not cost the others their writes.
+                log.failure("end-of-turn work failed")
 
 

@@ -27,8 +27,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from twisted.logger import Logger
 
 from persistence.store import Store, StoreError
+
+log = Logger(namespace="gateway.persistence")
 
 _SEQ = struct.Struct(">Q")
 _META = "meta"
@@ -261,7 +264,11 @@ class RocksStore(Store):
             self.batches_written += 1
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception:
+                # A failing callback (one client's write) must not keep the others' receipts back.
+                log.failure("a when_durable callback failed")
 
     # -- housekeeping -------------------------------------------------------
 

@@ -107,6 +107,8 @@ class GatewayWebSocketProtocol(WebSocketServerProtocol):
 
     # Transport interface for the sessions.
     def write(self, data: bytes) -> None:
+        if self.state != self.STATE_OPEN:
+            return  # autobahn failed or closed the connection this turn: nothing more goes out
         if self.kind == "stomp" and (data.isascii() or _is_utf8(data)):
             self.sendMessage(data, isBinary=False)
         else:

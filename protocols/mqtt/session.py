@@ -480,7 +480,20 @@ class MqttSession:
     # -- delivering (broker -> client) --------------------------------------
 
     def _deliver(self, consumer: Consumer, entry: Entry, tag: int) -> bool:
-        """Write one delivery; True when it needs no acknowledgement (QoS 0)."""
+        """Write one delivery; True when it needs no acknowledgement (QoS 0).
+
+        A failure here (a bug, a message this client cannot be sent) costs this
+        client its connection on the next turn, never the other subscribers of
+        the fan-out: the delivery stays unacknowledged and goes back to the queue.
+        """
+        try:
+            return self._deliver_one(consumer, entry, tag)
+        except Exception:
+            log.failure("[{label}] internal error delivering {id}", label=self.label, id=entry.message.id)
+            self.broker.clock.callLater(0, self._server_disconnect, ReasonCode.UNSPECIFIED_ERROR, "internal error")
+            return False
+
+    def _deliver_one(self, consumer: Consumer, entry: Entry, tag: int) -> bool:
         message = entry.message
         client = self.client
         via = entry.via
@@ -617,7 +630,8 @@ class MqttSession:
             props["payload_format_indicator"] = 1
         if message.expiration:
             remaining = -(-(message.expiration - self.broker.now_ms()) // 1000)
-            props["message_expiry_interval"] = max(1, remaining)
+            # A STOMP producer may set expires further ahead than MQTT's u32 seconds.
+            props["message_expiry_interval"] = min(max(1, remaining), 0xFFFFFFFF)
         ids = [o["id"] for o in options if o.get("id")]
         if ids:
             props["subscription_identifier"] = ids

@@ -393,6 +393,15 @@ class StompSession:
         self.conn.unsubscribe(sub.consumer, remove_durable=bool(durable))  # type: ignore[union-attr, arg-type]
 
     def _deliver(self, consumer: Consumer, entry: Entry, tag: int) -> None:
+        """Write one MESSAGE.  A failure costs this client its connection on the
+        next turn, never the other subscribers of the fan-out."""
+        try:
+            self._deliver_one(consumer, entry, tag)
+        except Exception:
+            log.failure("[{label}] internal error delivering {id}", label=self.label, id=entry.message.id)
+            self.broker.clock.callLater(0, self._fail, "Internal error", "the broker failed to deliver a message; see its log")
+
+    def _deliver_one(self, consumer: Consumer, entry: Entry, tag: int) -> None:
         sub: _Sub = consumer.handle  # type: ignore[assignment]
         message = entry.message
         parts = [b"MESSAGE\n", sub.header]
@@ -435,6 +444,7 @@ class StompSession:
                 headers.append(("JMSXGroupSeq", str(message.group_seq)))
             reserved = {name for name, _ in headers}
             reserved.add("message-id")
+            reserved.add("")  # an MQTT 5 user property may have an empty name; STOMP headers may not
             headers.extend((k, v) for k, v in message.headers.items() if k not in reserved)
             if self.version == "1.0":
                 # 1.0 has no escaping: a header another client sent with a newline
@@ -607,4 +617,10 @@ def _encode_tail(first: str, headers: list[tuple[str, str]], body: bytes, versio
         if any(c in joined for c in _SPECIAL):
             headers = [(escape_header(name, version), escape_header(value, version)) for name, value in headers]
     text = first + "".join([f"{name}:{value}\n" for name, value in headers])
-    return b"".join((text.encode("utf-8"), b"\n", body, b"\0"))
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Bytes that are not UTF-8 (MQTT 5 binary correlation data) cannot be a
+        # STOMP header value: they arrive as U+FFFD-free '?' rather than break the frame.
+        raw = text.encode("utf-8", "replace")
+    return b"".join((raw, b"\n", body, b"\0"))
