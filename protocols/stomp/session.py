@@ -617,6 +617,10 @@ def _encode_tail(first: str, headers: list[tuple[str, str]], body: bytes, versio
         if any(c in joined for c in _SPECIAL):
             headers = [(escape_header(name, version), escape_header(value, version)) for name, value in headers]
     text = first + "".join([f"{name}:{value}\n" for name, value in headers])
+    if "\0" in text:
+        # No STOMP header may hold a NUL (a reader without content-length would end
+        # the frame there); MQTT 5 correlation data and user properties may.
+        text = text.replace("\0", "?")
     try:
         raw = text.encode("utf-8")
     except UnicodeEncodeError:
