@@ -53,6 +53,3 @@ class Outbox:
         data = held[0] if len(held) == 1 else b"".join(held)
         write = self._write
         self._when_durable(lambda: write(data))
-
-    def __len__(self) -> int:
-        return len(self._held)

@@ -14,7 +14,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from gateway.perf.wire import (
     PUBACK,
@@ -73,6 +73,23 @@ class Run:
 def payload_of(size: int) -> bytes:
     """Printable, NUL-free, and unlike any packet header, so byte counting stays exact."""
     return (b"perf-payload-" * (size // 13 + 1))[:size]
+
+
+def send_windowed(wire: Wire, frames: list[bytes], inflight: int, confirmations: Callable[[bytes], int]) -> tuple[int, int]:
+    """Send with at most ``inflight`` unconfirmed, topping the window up in one write;
+    ``confirmations`` counts the PUBACKs or RECEIPTs in what came back.  (sent, confirmed)."""
+    count = len(frames)
+    sent = acked = 0
+    while acked < count:
+        if sent < count and sent - acked < inflight:
+            n = min(inflight - (sent - acked), count - sent)
+            wire.send(b"".join(frames[sent:sent + n]))
+            sent += n
+        data = wire.recv(IDLE)
+        if not data:
+            break
+        acked += confirmations(data)
+    return sent, acked
 
 
 # -- MQTT ----------------------------------------------------------------------
@@ -193,22 +210,15 @@ def mqtt_qos1_publisher(run: Run, target: Target, topic: str, count: int, size: 
     mqtt_handshake(wire, client_id)
     payload = payload_of(size)
     packets = [mqtt_publish_bytes(topic, payload, 1, i % 65535 + 1) for i in range(count)]
+    buf = wire.buf
+
+    def pubacks(data: bytes) -> int:
+        buf.extend(data)
+        return sum(1 for b0, _, _ in mqtt_packets(buf) if b0 == PUBACK)
+
     run.ready_and_wait()
     t_first = time.monotonic()
-    sent = acked = 0
-    buf = wire.buf
-    while acked < count:
-        if sent < count and sent - acked < inflight:
-            n = min(inflight - (sent - acked), count - sent)
-            wire.send(b"".join(packets[sent:sent + n]))
-            sent += n
-        data = wire.recv(IDLE)
-        if not data:
-            break
-        buf += data
-        for b0, _, _ in mqtt_packets(buf):
-            if b0 == PUBACK:
-                acked += 1
+    sent, acked = send_windowed(wire, packets, inflight, pubacks)
     t_done = time.monotonic()
     wire.send(b"\xe0\x00")
     run.result(sent=sent, acked=acked, t_first=t_first, t_done=t_done)
@@ -375,20 +385,15 @@ def stomp_producer(run: Run, target: Target, queue: str, count: int, size: int, 
         wire.close()
         return
     frames = [stomp_frame("SEND", {**headers, "receipt": str(i)}, body) for i in range(count)]
-    run.ready_and_wait()
-    t_first = time.monotonic()
-    sent = acked = 0
-    while acked < count:
-        if sent < count and sent - acked < inflight:
-            n = min(inflight - (sent - acked), count - sent)
-            wire.send(b"".join(frames[sent:sent + n]))
-            sent += n
-        data = wire.recv(IDLE)
-        if not data:
-            break
+
+    def receipts(data: bytes) -> int:
         if b"ERROR" in data:
             raise PerfError(f"the broker refused a SEND: {data[:300]!r}")
-        acked += data.count(b"\0")
+        return data.count(b"\0")  # every frame back is a RECEIPT ending in one NUL
+
+    run.ready_and_wait()
+    t_first = time.monotonic()
+    sent, acked = send_windowed(wire, frames, inflight, receipts)
     t_done = time.monotonic()
     wire.send(stomp_frame("DISCONNECT", {}))
     run.result(sent=sent, acked=acked, t_first=t_first, t_done=t_done)

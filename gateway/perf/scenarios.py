@@ -8,7 +8,6 @@ only ``verified`` when every expected message arrived with the expected size.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -260,7 +259,3 @@ def expand(names: list[str]) -> list[str]:
             if n not in out:
                 out.append(n)
     return out
-
-
-def cpu_count() -> int:
-    return os.cpu_count() or 1
