@@ -218,14 +218,10 @@ class MessageQueue:
         ):
             # Nothing waits ahead of it and no rule applies: straight to the next
             # consumer with credit, without a trip through the pending deques.
-            consumers = self.consumers
-            n = len(consumers)
-            for _ in range(n):
-                consumer = consumers[self._rr % n]
-                self._rr += 1
-                if consumer.has_credit():
-                    consumer.deliver(entry)
-                    return
+            consumer = self._next_with_credit(self.consumers, entry)
+            if consumer is not None:
+                consumer.deliver(entry)
+                return
         if self.memory_limit and self._page_out(entry):
             # Over the memory limit: it waits in the store until consumers catch up.
             return
