@@ -16,6 +16,8 @@ class MemoryStore(Store):
     def __init__(self) -> None:
         self._messages: dict[str, dict[int, bytes]] = {}
         self._records: dict[str, dict[str, bytes]] = {}
+        # log -> partition -> (sorted bases, base -> chunk)
+        self._chunks: dict[str, dict[int, tuple[list[int], dict[int, bytes]]]] = {}
         self._closed = False
         self.writes = 0  # how many puts and deletes; lets tests see what reached the store
 
@@ -71,6 +73,34 @@ class MemoryStore(Store):
                 break
             yield key, records[key]
 
+    def put_chunk(self, log: str, partition: int, base: int, data: bytes) -> None:
+        self._check()
+        bases, chunks = self._chunks.setdefault(log, {}).setdefault(partition, ([], {}))
+        if base not in chunks:
+            bisect.insort(bases, base)
+        chunks[base] = data
+        self.writes += 1
+
+    def delete_chunk(self, log: str, partition: int, base: int) -> None:
+        self._check()
+        found = self._chunks.get(log, {}).get(partition)
+        if found is not None and base in found[1]:
+            del found[1][base]
+            found[0].remove(base)
+        self.writes += 1
+
+    def iter_chunks(self, log: str, partition: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
+        self._check()
+        found = self._chunks.get(log, {}).get(partition)
+        if found is None:
+            return
+        bases, chunks = found
+        i = max(0, bisect.bisect_right(bases, start) - 1)
+        for base in list(bases[i:]):
+            data = chunks.get(base)
+            if data is not None:
+                yield base, data
+
     def when_durable(self, callback: Callable[[], None]) -> None:
         # Memory is as durable as it gets here: answer at once.
         callback()
@@ -87,10 +117,15 @@ class MemoryStore(Store):
     def wipe(self) -> None:
         self._messages.clear()
         self._records.clear()
+        self._chunks.clear()
 
     def reopen(self) -> "MemoryStore":
         """The same contents as a fresh store object, as after a restart."""
         other = MemoryStore()
         other._messages = {d: dict(m) for d, m in self._messages.items()}
         other._records = {k: dict(r) for k, r in self._records.items()}
+        other._chunks = {
+            log: {p: (list(bases), dict(chunks)) for p, (bases, chunks) in parts.items()}
+            for log, parts in self._chunks.items()
+        }
         return other

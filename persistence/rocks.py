@@ -6,7 +6,9 @@ Layout
   holds those matching the group's patterns (mKahaDB-style, but all families
   share one write-ahead log, so a batch spanning groups stays atomic).  A
   message key is the destination, NUL, and the sequence as 8 big-endian bytes,
-  so a destination is one ordered key range.
+  so a destination is one ordered key range.  Each stream log has a family of
+  its own, ``stream.<name>``, keyed by partition and base offset (big-endian),
+  so retention deletes and range reads never touch other data.
 
 Which family a destination lives in is recorded the first time it is written
 and kept: adding a group later sends new destinations to it, while
@@ -34,6 +36,8 @@ from persistence.store import Store, StoreError
 log = Logger(namespace="gateway.persistence")
 
 _SEQ = struct.Struct(">Q")
+_CHUNK_KEY = struct.Struct(">IQ")  # partition, base offset
+_PARTITION = struct.Struct(">I")
 _META = "meta"
 _DEFAULT = "default"
 _DEST_INDEX = b"dest\x00"
@@ -117,6 +121,7 @@ class RocksStore(Store):
         self._callbacks: list[Callable[[], None]] = []
         self._hooks: list[Callable[[], None]] = []
         self._flush_scheduled = False
+        self._flushing = False
         self._closed = False
         self.batches_written = 0
         self.deletes_since_compaction = 0
@@ -169,7 +174,9 @@ class RocksStore(Store):
 
     def _grew(self) -> None:
         self._ops += 1
-        if self._ops >= self.max_batch:
+        # Not from inside flush's hooks: a batch written half way through them
+        # would release callbacks before the rest of their writes (stream records).
+        if self._ops >= self.max_batch and not self._flushing:
             self.flush()
         elif not self._flush_scheduled:
             self._arrange_flush()
@@ -255,8 +262,12 @@ class RocksStore(Store):
 
     def flush(self) -> None:
         hooks, self._hooks = self._hooks, []
-        for hook in hooks:
-            hook()
+        self._flushing = True
+        try:
+            for hook in hooks:
+                hook()
+        finally:
+            self._flushing = False
         if self._ops:
             batch, self._batch = self._batch, WriteBatch(raw_mode=True)
             self._ops = 0
@@ -269,6 +280,42 @@ class RocksStore(Store):
             except Exception:
                 # A failing callback (one client's write) must not keep the others' receipts back.
                 log.failure("a when_durable callback failed")
+
+    # -- stream logs --------------------------------------------------------
+
+    def _log_family(self, log: str, create: bool) -> str | None:
+        name = f"stream.{log}"
+        if name not in self._families:
+            if not create:
+                return None
+            self._check()
+            self.db.create_column_family(name, _options())
+            self._families[name] = self.db.get_column_family_handle(name)
+        return name
+
+    def put_chunk(self, log: str, partition: int, base: int, data: bytes) -> None:
+        family = self._log_family(log, create=True)
+        self._put(self._families[family], _CHUNK_KEY.pack(partition, base), data)
+
+    def delete_chunk(self, log: str, partition: int, base: int) -> None:
+        family = self._log_family(log, create=False)
+        if family is not None:
+            self._delete(self._families[family], _CHUNK_KEY.pack(partition, base))
+
+    def iter_chunks(self, log: str, partition: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
+        self._check()
+        family = self._log_family(log, create=False)
+        if family is None:
+            return
+        prefix = _PARTITION.pack(partition)
+        bound = self._bounded(prefix)
+        it = self.db.get_column_family(family).iter(bound)
+        it.seek_for_prev(_CHUNK_KEY.pack(partition, start))
+        if not it.valid() or not it.key().startswith(prefix):
+            it.seek(prefix)  # every chunk starts after ``start`` (or there are none)
+        while it.valid():
+            yield _CHUNK_KEY.unpack(it.key())[1], it.value()
+            it.next()
 
     # -- housekeeping -------------------------------------------------------
 

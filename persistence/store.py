@@ -7,7 +7,10 @@ data pass through it:
 - messages, keyed by destination and a broker-wide increasing sequence, so a
   destination is one ordered range (a queue's FIFO order is its key order);
 - records: small keyed values grouped by kind (durable subscriptions, their
-  references to stored topic messages, scheduled messages, sessions).
+  references to stored topic messages, scheduled messages, sessions);
+- chunks of stream logs, keyed by log, partition and the offset of their first
+  record, so a partition is one ordered range and the chunk holding any
+  offset is found with one seek.
 
 Writes are not durable when the call returns.  They join the current batch;
 ``when_durable(callback)`` runs the callback once every write issued before it
@@ -52,6 +55,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def iter_records(self, kind: str, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
         """Records of a kind whose key starts with prefix, in key order, from prefix + start on."""
+
+    @abc.abstractmethod
+    def put_chunk(self, log: str, partition: int, base: int, data: bytes) -> None:
+        """Write (or overwrite) the chunk of ``log``'s ``partition`` whose first offset is ``base``."""
+
+    @abc.abstractmethod
+    def delete_chunk(self, log: str, partition: int, base: int) -> None: ...
+
+    @abc.abstractmethod
+    def iter_chunks(self, log: str, partition: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
+        """Chunks in base order, from the one that may hold offset ``start`` on.
+
+        That is the last chunk whose base is at or below ``start`` (or the
+        first chunk, when every base is above it): a reader looking for an
+        offset starts inside the chunk that holds it.
+        """
 
     @abc.abstractmethod
     def when_durable(self, callback: Callable[[], None]) -> None:
