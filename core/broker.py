@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from twisted.logger import Logger
 
 from core import destination as dest
+from core.duplicates import DUPLICATE_ID_HEADER, DuplicateCache
 from core.entry import Entry
-from core.errors import SubscriptionError, UnknownDestination
+from core.errors import BrokerError, SubscriptionError, UnknownDestination
 from core.message import Message, decode_message, encode_message
 from core.policy import Policy
 from core.queue import MemoryUsage, MessageQueue
@@ -36,6 +37,7 @@ from core.storage import (
     seq_key,
     stored_size,
 )
+from core.stream import StreamSet, StreamSpec
 from core.topic import Subscription, TopicSpace
 from core.trie import filter_matches
 from core.turn import Defer, TurnEnd
@@ -59,7 +61,7 @@ class Clock(Protocol):
 class Broker:
     def __init__(
         self, store: Store, clock: Clock, policy: Policy | None = None, name: str = "gateway",
-        spill: Store | None = None, defer: Defer | None = None,
+        spill: Store | None = None, defer: Defer | None = None, streams: list[StreamSpec] | None = None,
     ) -> None:
         self.store = store
         # Sessions gather their writes per reactor turn here (see protocols/outbox.py).
@@ -92,6 +94,9 @@ class Broker:
         self._marks: set[MessageQueue] = set()
         self._checked: set[str] = set()  # destinations that passed validate()
         self.started_at = 0.0
+        self.duplicates = DuplicateCache(store, self.policy.duplicate_cache_size)
+        self.streams = StreamSet(list(streams or []), store, self.now_ms)
+        self._retention: Any = None
 
     # -- lifecycle ------------------------------------------------------
 
@@ -99,11 +104,15 @@ class Broker:
         self.started_at = self.clock.seconds()
         self.recover()
         self._schedule_sweep()
+        self._schedule_retention()
 
     def stop(self) -> None:
         if self._sweeper is not None and self._sweeper.active():
             self._sweeper.cancel()
         self._sweeper = None
+        if self._retention is not None and self._retention.active():
+            self._retention.cancel()
+        self._retention = None
         for call in self._scheduled.values():
             if call.active():
                 call.cancel()
@@ -122,6 +131,18 @@ class Broker:
         for queue in list(self.durable_queues.values()):
             queue.sweep_expired(now)
         self._schedule_sweep()
+
+    def _schedule_retention(self) -> None:
+        interval = self.policy.stream_retention_interval
+        if self.streams.active and interval > 0:
+            self._retention = self.clock.callLater(interval, self._apply_retention)
+
+    def _apply_retention(self) -> None:
+        try:
+            self.streams.sweep()
+        except Exception:
+            log.failure("stream retention failed")
+        self._schedule_retention()
 
     # -- identities and time --------------------------------------------
 
@@ -182,6 +203,10 @@ class Broker:
         checked = self._checked
         if destination not in checked:
             dest.validate(destination, allow_wildcards=False)
+            if destination.startswith("stream://"):
+                raise BrokerError(
+                    f"{destination} is a stream: it is fed by its destinations; send to one of them"
+                )
             if len(checked) >= 10_000:
                 checked.clear()
             checked.add(destination)
@@ -197,14 +222,21 @@ class Broker:
         if count:
             self.messages_received += 1
         destination = message.destination
-        if destination.startswith("topic://"):
-            self._publish(message)
-            return
+        queue = None
         if destination.startswith("temp-queue://"):
             queue = self.queues.get(destination)
             if queue is None:
                 raise UnknownDestination(f"temporary queue {destination} does not exist (its owner has gone)")
-        else:
+        dup_id = message.headers.get(DUPLICATE_ID_HEADER)
+        if dup_id is not None and self.duplicates.seen(destination, dup_id):
+            log.debug("duplicate {dup} on {d} dropped", dup=dup_id, d=destination)
+            return
+        if self.streams.active:
+            self.streams.append(message)
+        if destination.startswith("topic://"):
+            self._publish(message)
+            return
+        if queue is None:
             queue = self.queue(destination)
         queue.enqueue(Entry(message, self.next_seq()))
 
@@ -510,6 +542,8 @@ class Broker:
             if key == "seq":
                 max_seq = max(max_seq, int.from_bytes(raw, "big"))
         max_seq = max([max_seq, *marks.values()])
+        self.duplicates.recover()
+        self.streams.recover()
         for key, raw in store.iter_records(DURABLE_KIND):
             record = json.loads(raw)
             text = record.get("selector")

@@ -22,6 +22,7 @@ from core.errors import (
 from core.message import Message
 from core.queue import MessageQueue
 from core.selector import SelectorError, compile_selector
+from core.stream_feed import StreamFeed, resolve_offsets
 from core.topic import Subscription
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class Connection:
         self.subscriptions: dict[Consumer, Subscription] = {}
         self.transactions: dict[str, Transaction] = {}
         self.temp_queues: set[str] = set()
+        self.feeds: dict[Consumer, StreamFeed] = {}
         self.closed = False
         self._consumer_ids = itertools.count(1)
 
@@ -98,9 +100,15 @@ class Connection:
         retroactive: bool = False,
         no_local: bool = False,
         handle: object = None,
+        stream_offset: str | None = None,
+        stream_partition: int | None = None,
     ) -> Consumer:
         broker = self.broker
         dest.validate(destination, allow_wildcards=True)
+        if destination.startswith("stream://"):
+            return self._subscribe_stream(
+                destination, sink, ack_mode, prefetch, stream_offset or "next", stream_partition, handle,
+            )
         compiled = None
         if selector is not None and selector.strip():
             try:
@@ -150,6 +158,32 @@ class Connection:
         consumer.queue.add_consumer(consumer)
         return consumer
 
+    def _subscribe_stream(
+        self, destination: str, sink: Sink, ack_mode: AckMode, prefetch: int | None, offset: str,
+        partition: int | None, handle: object,
+    ) -> Consumer:
+        """A consumer of a stream from ``offset`` on (RabbitMQ's ``x-stream-offset``), then live."""
+        broker = self.broker
+        stream = broker.streams.get(dest.name_of(destination))
+        if partition is not None:
+            stream.partition(partition)  # an unknown partition is refused here
+        try:
+            positions = resolve_offsets(stream, offset, partition, broker.now_ms())
+        except ValueError as exc:
+            raise SubscriptionError(str(exc)) from None
+        consumer_id = f"{self.id}/{next(self._consumer_ids)}"
+        queue = MessageQueue(f"stream-feed://{stream.name}/{consumer_id}", broker)
+        queue.max_redeliveries = -1  # a stream record is never dead-lettered: it stays in the log
+        feed = StreamFeed(stream, queue, positions)
+        queue.refill = feed.fill
+        prefetch = broker.policy.default_prefetch if prefetch is None else prefetch
+        consumer = Consumer(consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
+        self.consumers[consumer_id] = consumer
+        self.feeds[consumer] = feed
+        queue.add_consumer(consumer)
+        feed.fill()
+        return consumer
+
     def consume(
         self, queue: MessageQueue, sink: Sink, *, ack_mode: AckMode = AckMode.CLIENT_INDIVIDUAL,
         prefetch: int | None = None, handle: object = None,
@@ -167,6 +201,11 @@ class Connection:
             return
         queue = consumer.queue
         unacked = queue.remove_consumer(consumer)
+        feed = self.feeds.pop(consumer, None)
+        if feed is not None:
+            feed.close()  # what it held unacknowledged is still in the stream
+            queue.pending.clear()
+            return
         sub = self.subscriptions.pop(consumer, None)
         if sub is not None and sub.durable_key is None:
             # A plain topic subscription ends with its consumer; what it held is gone.

@@ -1,6 +1,7 @@
 """Canonical destination names shared by every protocol.
 
-``queue://a.b.c``, ``topic://a.b.c`` and ``temp-queue://owner:name``.  Topic
+``queue://a.b.c``, ``topic://a.b.c``, ``temp-queue://owner:name`` and
+``stream://name`` (a stream, consumed from an offset, never sent to).  Topic
 names are sequences of levels; protocols map their own separators onto levels
 (STOMP ``.``, MQTT ``/``), so one topic is one topic whoever publishes to it.
 Wildcards in canonical form are ``*`` (one level) and ``>`` (this level and
@@ -13,8 +14,9 @@ from core.errors import BrokerError
 QUEUE = "queue"
 TOPIC = "topic"
 TEMP_QUEUE = "temp-queue"
+STREAM = "stream"
 
-_PREFIXES = {"queue://": QUEUE, "topic://": TOPIC, "temp-queue://": TEMP_QUEUE}
+_PREFIXES = {"queue://": QUEUE, "topic://": TOPIC, "temp-queue://": TEMP_QUEUE, "stream://": STREAM}
 
 ONE_LEVEL = "*"
 ALL_LEVELS = ">"

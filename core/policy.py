@@ -50,3 +50,10 @@ class Policy:
     store_full_policy: str = "block"
     # Default for messages whose producer did not say (STOMP `persistent`).
     default_persistent: bool = False
+    # Duplicate-detection ids (``_AMQ_DUPL_ID``) remembered, broker-wide, in
+    # arrival order (Artemis's id cache; 0 turns detection off).  A resend is
+    # caught while its id is among the last this many: it must cover the
+    # largest batch a producer may retry (a Spark micro-batch written by the sink).
+    duplicate_cache_size: int = 100_000
+    # Seconds between retention sweeps of the streams (age limits, reader leases).
+    stream_retention_interval: float = 10.0

@@ -63,6 +63,9 @@ class Host(Protocol):
 
 _UNUSED: tuple = ()
 
+# A queue with a refill source asks for more below this many pending entries.
+REFILL_BELOW = 128
+
 # A queue with nothing in memory may always page this much back in, whatever the
 # broker-wide usage, so its consumers never starve behind other queues' backlogs.
 PAGE_FLOOR = 256 * 1024
@@ -189,6 +192,8 @@ class MessageQueue:
         self._may_expire = False
         self._busy = False
         self._again = False
+        # Called after a dispatch pass leaves fewer than REFILL_BELOW pending (a stream feed tops it up).
+        self.refill: Any = None
 
     # -- state ----------------------------------------------------------
 
@@ -383,6 +388,8 @@ class MessageQueue:
             self._again = True
             return
         if not self.consumers or not (self.pending.size or self.paged):
+            if self.refill is not None and self.consumers:
+                self.refill()
             return
         self._busy = True
         try:
@@ -403,6 +410,8 @@ class MessageQueue:
                 )
         finally:
             self._busy = False
+        if self.refill is not None and self.pending.size < REFILL_BELOW:
+            self.refill()
 
     def _dispatch_simple(self, targets: list[Consumer]) -> None:
         pending = self.pending
