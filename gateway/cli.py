@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--stomp-port", type=int, metavar="N", help="STOMP over TCP port (default 61613, 0 disables)")
     run.add_argument("--mqtt-port", type=int, metavar="N", help="MQTT over TCP port (default 1883, 0 disables)")
     run.add_argument("--ws-port", type=int, metavar="N", help="WebSocket port, STOMP and MQTT (default 61614, 0 disables)")
+    run.add_argument("--admin-port", type=int, metavar="N", help="admin HTTP port: JSON API, stream reads (default 8161, 0 disables)")
     run.add_argument("--log-level", choices=configuration.LOG_LEVELS, help="default info")
     perf_command.add_parser(commands)
     return parser
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = configuration.load(args.config, {
             "host": args.host, "data_dir": args.data_dir, "stomp_port": args.stomp_port,
-            "mqtt_port": args.mqtt_port, "ws_port": args.ws_port, "log_level": args.log_level,
+            "mqtt_port": args.mqtt_port, "ws_port": args.ws_port, "admin_port": args.admin_port, "log_level": args.log_level,
         })
     except configuration.ConfigError as exc:
         print(f"gateway: configuration error: {exc}", file=sys.stderr)

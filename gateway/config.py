@@ -12,7 +12,9 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.destination import validate as validate_destination
 from core.policy import Policy
+from core.stream import StreamSpec
 from protocols.mqtt.names import filter_to_canonical
 from protocols.mqtt.session import MqttSettings
 from protocols.stomp.codec import StompLimits
@@ -52,6 +54,12 @@ class PersistenceConfig:
 
 
 @dataclass
+class AdminSettings:
+    # Bytes a request body may have (a publish of messages); larger requests get 413.
+    max_request_size: int = 16 * 1024 * 1024
+
+
+@dataclass
 class Config:
     host: str = "127.0.0.1"
     data_dir: str = "./data"
@@ -63,6 +71,10 @@ class Config:
     mqtt_settings: MqttSettings = field(default_factory=MqttSettings)
     ws: ListenerConfig = field(default_factory=lambda: ListenerConfig(61614))
     ws_settings: WebSocketSettings = field(default_factory=WebSocketSettings)
+    # The admin HTTP listener: the JSON API, stream reads for Spark, publishing.
+    admin: ListenerConfig = field(default_factory=lambda: ListenerConfig(8161))
+    admin_settings: AdminSettings = field(default_factory=AdminSettings)
+    streams: list[StreamSpec] = field(default_factory=list)
     persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     # Seconds between $SYS figure updates (0: none), as Mosquitto's sys_interval.
     sys_interval: float = 10.0
@@ -109,12 +121,16 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
     for key, value in (overrides or {}).items():
         if value is None:
             continue
-        if key in ("stomp_port", "mqtt_port", "ws_port"):
+        if key in ("stomp_port", "mqtt_port", "ws_port", "admin_port"):
             getattr(config, key[:-5]).port = value
         else:
             setattr(config, key, value)
     validate(config)
     return config
+
+
+# TOML section -> Config attribute of a listener (with its ``<name>_settings``).
+_LISTENER_SECTIONS = {"mqtt": "mqtt", "websocket": "ws", "admin": "admin"}
 
 
 def _from_toml(config: Config, data: dict[str, Any]) -> None:
@@ -130,16 +146,22 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
             _apply(config.stomp, listener, "stomp")
             _apply(config.stomp_settings.limits, limits, "stomp")
             _apply(config.stomp_settings, rest, "stomp")
-        elif section == "mqtt":
+        elif section in _LISTENER_SECTIONS:
+            # port and host go to the listener, the rest to its settings.
+            name = _LISTENER_SECTIONS[section]
             listener = {k: values[k] for k in ("port", "host") if k in values}
             rest = {k: v for k, v in values.items() if k not in listener}
-            _apply(config.mqtt, listener, "mqtt")
-            _apply(config.mqtt_settings, rest, "mqtt")
-        elif section == "websocket":
-            listener = {k: values[k] for k in ("port", "host") if k in values}
-            rest = {k: v for k, v in values.items() if k not in listener}
-            _apply(config.ws, listener, "websocket")
-            _apply(config.ws_settings, rest, "websocket")
+            _apply(getattr(config, name), listener, section)
+            _apply(getattr(config, f"{name}_settings"), rest, section)
+        elif section == "streams":
+            for name, table in values.items():
+                if not isinstance(table, dict):
+                    raise ConfigError(f"[streams] {name} must be a table: [streams.{name}]")
+                spec = StreamSpec(name)
+                _apply(spec, {k: v for k, v in table.items() if k != "name"}, f"streams.{name}")
+                if "name" in table:
+                    raise ConfigError(f"[streams.{name}] name is the table's name; remove the key")
+                config.streams.append(spec)
         elif section == "persistence":
             _apply(config.persistence, values, "persistence")
         elif section == "policy":
@@ -151,7 +173,7 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
 def validate(config: Config) -> None:
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
-    for name in ("stomp", "mqtt", "ws"):
+    for name in ("stomp", "mqtt", "ws", "admin"):
         listener: ListenerConfig = getattr(config, name)
         if not 0 <= listener.port <= 65535:
             raise ConfigError(f"{name} port must be 0-65535 (0 disables), got {listener.port}")
@@ -183,9 +205,39 @@ def validate(config: Config) -> None:
             isinstance(p, str) and p.split("://", 1)[0] in ("queue", "topic") and "://" in p for p in patterns
         ):
             raise ConfigError(f"[persistence.groups] {name}: a list of patterns like \"queue://orders.>\"")
+    if config.admin_settings.max_request_size <= 0:
+        raise ConfigError("[admin] max_request_size must be positive")
+    _validate_streams(config.streams)
+    if config.policy.duplicate_cache_size < 0:
+        raise ConfigError("[policy] duplicate_cache_size must be 0 (off) or more")
     if config.ws_settings.max_message_size <= 0:
         raise ConfigError("[websocket] max_message_size must be positive")
     if config.policy.store_full_policy not in ("block", "fail"):
         raise ConfigError("[policy] store_full_policy must be block or fail")
     if not config.policy.dead_letter_queue.startswith("queue://"):
         raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")
+
+
+_STREAM_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def _validate_streams(streams: list[StreamSpec]) -> None:
+    for spec in streams:
+        where = f"[streams.{spec.name}]"
+        if not spec.name or len(spec.name) > 200 or not set(spec.name) <= _STREAM_NAME_CHARS:
+            raise ConfigError(f"{where}: stream names are 1-200 letters, digits, '_', '-' and '.'")
+        if not spec.destinations:
+            raise ConfigError(f"{where} destinations: name at least one, e.g. [\"topic://sensors.>\"]")
+        for pattern in spec.destinations:
+            if not isinstance(pattern, str) or not pattern.startswith(("topic://", "queue://")):
+                raise ConfigError(f"{where} destinations: {pattern!r} is not a pattern like \"topic://sensors.>\" or \"queue://orders\"")
+            try:
+                validate_destination(pattern, allow_wildcards=True)
+            except ValueError as exc:
+                raise ConfigError(f"{where} destinations: {exc}") from None
+        if not 1 <= spec.partitions <= 1024:
+            raise ConfigError(f"{where} partitions must be 1-1024, got {spec.partitions}")
+        if spec.max_age_seconds < 0 or spec.max_bytes < 0:
+            raise ConfigError(f"{where} max_age_seconds and max_bytes must be 0 (no limit) or more")
+        if spec.reader_lease_seconds <= 0:
+            raise ConfigError(f"{where} reader_lease_seconds must be positive")

@@ -10,6 +10,7 @@ from twisted.logger import Logger
 
 from core.broker import Broker
 from core.sysinfo import SysPublisher
+from gateway.admin import admin_site
 from gateway.config import Config
 from persistence.memory import MemoryStore
 from persistence.rocks import GroupConfig, RocksStore, StoreLocked
@@ -42,6 +43,7 @@ class Gateway:
         self.mqtt_hub: MqttHub | None = None
         self.factories: dict[str, Any] = {}
         self.sys: SysPublisher | None = None
+        self.admin: Any = None
         self.ports: dict[str, Any] = {}
 
     def _open_store(self) -> Store:
@@ -70,7 +72,7 @@ class Gateway:
         self.spill = self._open_spill()
         self.broker = Broker(
             store, self.reactor, config.policy, name=config.name, spill=self.spill,
-            defer=lambda work: self.reactor.callLater(0, work),
+            defer=lambda work: self.reactor.callLater(0, work), streams=config.streams,
         )
         self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings)
         self.factories = {
@@ -78,6 +80,7 @@ class Gateway:
             "mqtt": mqtt_factory(self.mqtt_hub),
             "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings),
         }
+        self.admin = admin_site(self.broker, config.admin_settings.max_request_size, VERSION)
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
         self._housekeeping: Any = None
 
@@ -117,6 +120,10 @@ class Gateway:
     def mqtt_port(self) -> int:
         return self.port("mqtt")
 
+    @property
+    def admin_port(self) -> int:
+        return self.port("admin")
+
     def start(self, ephemeral: bool = False) -> None:
         """Recover, then listen; on return the ports are bound and known.
 
@@ -133,6 +140,8 @@ class Gateway:
         for name, factory in self.factories.items():
             listener = getattr(self.config, name)
             self._listen(name, listener.host or self.config.host, listener.port, factory, ephemeral)
+        admin = self.config.admin
+        self._listen("admin", admin.host or self.config.host, admin.port, self.admin, ephemeral)
 
     @property
     def store_path(self) -> str:

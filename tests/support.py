@@ -51,6 +51,7 @@ class BrokerHandle:
         self.port = self.gateway.stomp_port
         self.mqtt_port = self.gateway.mqtt_port
         self.ws_port = self.gateway.ws_port
+        self.admin_port = self.gateway.admin_port if "admin" in self.gateway.ports else 0
         self.broker = self.gateway.broker
 
     @staticmethod

@@ -4,7 +4,9 @@
 already separates topic levels with ``.``, as canonical names do);
 ``/temp-queue/x`` is the connection's own temporary queue and
 ``/remote-temp-queue/<id>`` names any connection's one, which is how a
-``reply-to`` travels to a responder (as ActiveMQ does).
+``reply-to`` travels to a responder (as ActiveMQ does).  ``/stream/NAME`` is a
+stream to consume from an offset; RabbitMQ's ``/amq/queue/NAME`` names the
+same stream, so its STOMP stream clients work unchanged.
 """
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from typing import Callable
 
 from core.destination import InvalidDestination
 
-_FIXED = (("/queue/", "queue://"), ("/topic/", "topic://"), ("/remote-temp-queue/", "temp-queue://"))
+_FIXED = (
+    ("/queue/", "queue://"), ("/topic/", "topic://"), ("/remote-temp-queue/", "temp-queue://"),
+    ("/stream/", "stream://"), ("/amq/queue/", "stream://"),
+)
 
 
 def to_canonical(name: str, temp_queue: Callable[[str], str]) -> str:
@@ -29,7 +34,7 @@ def to_canonical(name: str, temp_queue: Callable[[str], str]) -> str:
             raise InvalidDestination(f"empty destination name in {name!r}")
         return temp_queue(rest)
     raise InvalidDestination(
-        f"unknown destination {name!r}: use /queue/NAME, /topic/NAME, /temp-queue/NAME or /remote-temp-queue/NAME"
+        f"unknown destination {name!r}: use /queue/NAME, /topic/NAME, /temp-queue/NAME, /remote-temp-queue/NAME or /stream/NAME"
     )
 
 

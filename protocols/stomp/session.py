@@ -356,9 +356,12 @@ class StompSession:
         ack_mode = _ACK_MODES.get(ack_text)
         if ack_mode is None:
             raise StompError("Invalid ack mode", f"ack must be auto, client or client-individual, got {ack_text!r}")
-        prefetch = h.get("activemq.prefetchSize")
-        prefetch_n = None if prefetch is None else _int_header(h, "activemq.prefetchSize", 0, 1, None)
+        # ActiveMQ's name, or RabbitMQ's (its stream consumers must give one).
+        prefetch_name = "activemq.prefetchSize" if "activemq.prefetchSize" in h else "prefetch-count"
+        prefetch_n = None if prefetch_name not in h else _int_header(h, prefetch_name, 0, 1, None)
         durable = h.get("activemq.subscriptionName") or h.get("durable-subscription-name") or None
+        partition = h.get("x-stream-partition")
+        partition_n = None if partition is None else _int_header(h, "x-stream-partition", 0, 0, None)
         self._sub_no += 1
         header = b"subscription:" + escape_header(sub_id, self.version).encode() + b"\n"
         sub = _Sub(sub_id, self._sub_no, ack_mode, header, durable)
@@ -367,7 +370,7 @@ class StompSession:
             ack_mode=ack_mode, prefetch=prefetch_n, selector=h.get("selector"),
             exclusive=h.get("activemq.exclusive", "").lower() in _TRUE,
             durable_name=durable, retroactive=h.get("activemq.retroactive", "").lower() in _TRUE,
-            handle=sub,
+            handle=sub, stream_offset=h.get("x-stream-offset"), stream_partition=partition_n,
         )
         self.subs[sub_id] = sub
         self._subs_by_no[sub.no] = sub

@@ -1,0 +1,29 @@
+"""The admin HTTP listener (twisted.web): a versioned JSON API on ``[admin]``, default 127.0.0.1:8161."""
+from __future__ import annotations
+
+from typing import Any
+
+from core.broker import Broker
+from gateway.admin.http import AdminSite, Router, json_body
+from gateway.admin.publish import PublishAPI
+from gateway.admin.streams import StreamsAPI
+
+__all__ = ["admin_site"]
+
+
+def admin_site(broker: Broker, max_request_size: int, version: str) -> AdminSite:
+    router = Router()
+    StreamsAPI(broker).install(router)
+    PublishAPI(broker).install(router)
+
+    def index(request: Any) -> Any:
+        return json_body(200, {
+            "broker": broker.name, "version": version,
+            "api": ["/api/v1/streams", "/api/v1/messages"],
+        })
+
+    router.add("/api/v1", get=index)
+    router.add("/", get=index)
+    site = AdminSite(router, max_request_size)
+    site.noisy = False  # no log line per connection: Spark connects for every fetch
+    return site

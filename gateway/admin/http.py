@@ -1,0 +1,201 @@
+"""The admin listener's HTTP plumbing: a size-bounded request, JSON answers, a route table.
+
+Every answer is JSON (or a stream format the caller asked for); every error
+is ``{"error": ..., "code": ...}`` with a 4xx status, never a traceback.  A
+request body larger than ``max_request_size`` is refused from its
+Content-Length, before the body is read (413), or as soon as a chunked body
+passes the limit.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Callable
+
+from twisted.logger import Logger
+from twisted.web import http, server
+from twisted.web.resource import Resource
+
+log = Logger(namespace="gateway.admin")
+
+
+class HttpError(Exception):
+    """An answer other than 2xx: status, the message a person reads, a code a program checks."""
+
+    def __init__(self, status: int, error: str, code: str = "bad_request", **extra: Any) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.code = code
+        self.extra = extra
+
+
+def json_body(status: int, value: Any) -> tuple[int, dict[str, str], bytes]:
+    return status, {"Content-Type": "application/json"}, json.dumps(value).encode() + b"\n"
+
+
+def error_body(exc: HttpError) -> tuple[int, dict[str, str], bytes]:
+    return json_body(exc.status, {"error": exc.error, "code": exc.code, **exc.extra})
+
+
+class BoundedRequest(server.Request):
+    """A request whose body may not exceed the site's ``max_request_size``."""
+
+    _too_large = False
+    _received = 0
+
+    def _limit(self) -> int:
+        return self.channel.site.max_request_size  # type: ignore[union-attr]
+
+    def gotLength(self, length: int | None) -> None:
+        if length is not None and length > self._limit():
+            self._refuse(length)
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._too_large:
+            return
+        self._received += len(data)
+        if self._received > self._limit():
+            self._refuse(self._received)
+            return
+        super().handleContentChunk(data)
+
+    def _refuse(self, size: int) -> None:
+        # The body is never read: answer and close, as the body cannot be skipped cheaply.
+        self._too_large = True
+        body = json.dumps({
+            "error": f"request body of {size} bytes is over the limit of {self._limit()} ([admin] max_request_size)",
+            "code": "request_too_large",
+        }).encode() + b"\n"
+        transport = self.channel.transport  # type: ignore[union-attr]
+        transport.write(
+            b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
+        transport.loseConnection()
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if self._too_large:
+            return
+        super().requestReceived(command, path, version)
+
+
+Handler = Callable[..., Any]
+
+
+class Router(Resource):
+    """Routes by method and path pattern; handlers return (status, headers, body) or raise HttpError.
+
+    A handler may return a Deferred for answers that wait (a publish waits
+    for its batch to be on disk).
+    """
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+
+    def add(self, pattern: str, **methods: Handler) -> None:
+        regex = "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$"
+        self._routes.append((re.compile(regex), {m.upper(): h for m, h in methods.items()}))
+
+    def render(self, request: server.Request) -> Any:
+        try:
+            path = request.path.decode("utf-8")
+        except UnicodeDecodeError:
+            return self._finish(request, error_body(HttpError(400, "the path is not UTF-8")))
+        method = request.method.decode("ascii", "replace")
+        for regex, methods in self._routes:
+            match = regex.match(path)
+            if match is None:
+                continue
+            handler = methods.get(method)
+            if handler is None:
+                request.setHeader("Allow", ", ".join(sorted(methods)))
+                return self._finish(request, error_body(HttpError(
+                    405, f"{method} is not allowed on {path}; use {', '.join(sorted(methods))}", "method_not_allowed",
+                )))
+            params = {k: _unquote(v) for k, v in match.groupdict().items()}
+            try:
+                result = handler(request, **params)
+            except HttpError as exc:
+                return self._finish(request, error_body(exc))
+            except Exception:
+                log.failure("admin request {method} {path} failed", method=method, path=path)
+                return self._finish(request, error_body(HttpError(500, "internal error; see the broker's log", "internal_error")))
+            if hasattr(result, "addCallbacks"):
+                result.addCallbacks(
+                    lambda answer: self._finish(request, answer, deferred=True),
+                    lambda failure: self._failed(request, failure, method, path),
+                )
+                return server.NOT_DONE_YET
+            return self._finish(request, result)
+        return self._finish(request, error_body(HttpError(404, f"no such resource: {path}", "not_found")))
+
+    def _failed(self, request: server.Request, failure: Any, method: str, path: str) -> None:
+        if failure.check(HttpError):
+            self._finish(request, error_body(failure.value), deferred=True)
+            return
+        log.failure("admin request {method} {path} failed", failure, method=method, path=path)
+        self._finish(request, error_body(HttpError(500, "internal error; see the broker's log", "internal_error")), deferred=True)
+
+    @staticmethod
+    def _finish(request: server.Request, answer: tuple[int, dict[str, str], bytes], deferred: bool = False) -> bytes:
+        status, headers, body = answer
+        request.setResponseCode(status)
+        for name, value in headers.items():
+            request.setHeader(name, value)
+        if status >= 400:
+            log.debug("{method} {path} -> {status}", method=request.method, path=request.path, status=status)
+        if deferred:
+            if not request.finished and not getattr(request, "_disconnected", False):
+                request.setHeader("Content-Length", str(len(body)))
+                request.write(body)
+                request.finish()
+            return b""
+        return body
+
+
+def _unquote(value: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(value)
+
+
+def query(request: server.Request, name: str) -> str | None:
+    values = request.args.get(name.encode())
+    if not values:
+        return None
+    try:
+        return values[-1].decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, f"parameter {name} is not UTF-8") from None
+
+
+def int_query(request: server.Request, name: str, default: int | None, low: int = 0, high: int | None = None) -> int | None:
+    text = query(request, name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise HttpError(400, f"parameter {name} must be an integer, got {text[:40]!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"{low}-{high}" if high is not None else f"at least {low}"
+        raise HttpError(400, f"parameter {name} must be {bound}, got {value}")
+    return value
+
+
+class AdminSite(server.Site):
+    requestFactory = BoundedRequest
+
+    def __init__(self, resource: Resource, max_request_size: int) -> None:
+        super().__init__(resource)
+        self.max_request_size = max_request_size
+        self.displayTracebacks = False
+
+    def log(self, request: http.Request) -> None:
+        """No access log line per request: Spark polls several times a second."""

@@ -1,0 +1,165 @@
+"""Stream endpoints of the admin API: offsets, range reads, reader registration (docs/streams.rst).
+
+Range reads send stored chunks as they lie on disk (Arrow IPC), so serving
+Spark costs a store read and one copy per chunk, not work per record.  All
+of it runs on the reactor thread, bounded per request by ``max_bytes``.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any
+
+import pyarrow as pa
+from twisted.web import server
+
+from core.broker import Broker
+from core.records import SCHEMA, ipc_stream
+from core.stream import OffsetOutOfRange, Stream, StreamError
+from gateway.admin.http import HttpError, Router, int_query, json_body, query
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+JSON_LINES = "application/x-ndjson"
+
+_READER_NAME = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+MAX_RECORDS = 1_000_000
+DEFAULT_RECORDS = 100_000
+DEFAULT_BYTES = 8 << 20
+MAX_BYTES = 64 << 20
+
+
+def _status(exc: StreamError) -> HttpError:
+    if isinstance(exc, OffsetOutOfRange):
+        return HttpError(416, str(exc), exc.code, earliest=exc.earliest, latest=exc.latest)
+    status = 404 if exc.code in ("unknown_stream", "unknown_partition") else 400
+    return HttpError(status, str(exc), exc.code)
+
+
+class StreamsAPI:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def install(self, router: Router) -> None:
+        router.add("/api/v1/streams", get=self.list)
+        router.add("/api/v1/streams/{name}", get=self.describe)
+        router.add("/api/v1/streams/{name}/offsets", get=self.offsets)
+        router.add("/api/v1/streams/{name}/partitions/{partition}/records", get=self.records)
+        router.add("/api/v1/streams/{name}/readers/{reader}", put=self.register, delete=self.forget)
+
+    def _stream(self, name: str) -> Stream:
+        try:
+            return self.broker.streams.get(name)
+        except StreamError as exc:
+            raise _status(exc) from None
+
+    def list(self, request: server.Request) -> Any:
+        return json_body(200, {"streams": [
+            {"name": s.name, "partitions": len(s.partitions)} for s in self.broker.streams.streams.values()
+        ]})
+
+    def describe(self, request: server.Request, name: str) -> Any:
+        stream = self._stream(name)
+        spec = stream.spec
+        now = self.broker.now_ms()
+        return json_body(200, {
+            "name": stream.name,
+            "destinations": list(spec.destinations),
+            "max_age_seconds": spec.max_age_seconds,
+            "max_bytes": spec.max_bytes,
+            "reader_lease_seconds": spec.reader_lease_seconds,
+            "partitions": [
+                {"partition": p.index, "earliest": p.first, "latest": p.end, "bytes": p.bytes} for p in stream.partitions
+            ],
+            "readers": [
+                {"name": r.name, "offsets": {str(k): v for k, v in sorted(r.offsets.items())}, "expires_in_seconds": round((r.expires_ms - now) / 1000, 1)}
+                for r in stream.readers.values() if r.expires_ms > now
+            ],
+        })
+
+    def offsets(self, request: server.Request, name: str) -> Any:
+        stream = self._stream(name)
+        ts = int_query(request, "timestamp", None, low=0)
+        if ts is None:
+            raise HttpError(400, "parameter timestamp (epoch milliseconds) is required")
+        return json_body(200, {"partitions": [
+            {"partition": p.index, "offset": stream.offset_for_time(p.index, ts)} for p in stream.partitions
+        ]})
+
+    def records(self, request: server.Request, name: str, partition: str) -> Any:
+        stream = self._stream(name)
+        try:
+            index = int(partition)
+        except ValueError:
+            raise HttpError(404, f"stream {name!r} has no partition {partition!r}", "unknown_partition") from None
+        start = int_query(request, "from", None)
+        if start is None:
+            raise HttpError(400, "parameter from (the first offset to read) is required")
+        end = int_query(request, "to", None)
+        max_records = int_query(request, "max_records", DEFAULT_RECORDS, low=1, high=MAX_RECORDS)
+        max_bytes = int_query(request, "max_bytes", DEFAULT_BYTES, low=1, high=MAX_BYTES)
+        fmt = query(request, "format") or "arrow"
+        if fmt not in ("arrow", "jsonl"):
+            raise HttpError(400, f"parameter format must be arrow or jsonl, got {fmt[:40]!r}")
+        try:
+            found = stream.read(index, start, end, max_records, max_bytes)  # type: ignore[arg-type]
+        except StreamError as exc:
+            raise _status(exc) from None
+        p = stream.partitions[index]
+        headers = {
+            "X-Stream-Next-Offset": str(found.next),
+            "X-Stream-Earliest": str(p.first),
+            "X-Stream-Latest": str(p.end),
+        }
+        if fmt == "arrow":
+            headers["Content-Type"] = ARROW_STREAM
+            return 200, headers, b"".join(ipc_stream(found.messages))
+        headers["Content-Type"] = JSON_LINES
+        return 200, headers, _json_lines(found.messages)
+
+    def register(self, request: server.Request, name: str, reader: str) -> Any:
+        stream = self._stream(name)
+        if not _READER_NAME.match(reader):
+            raise HttpError(400, "reader names are 1-200 letters, digits and ._:-")
+        try:
+            document = json.loads(request.content.read() or b"{}")
+            offsets = document["offsets"]
+            if not isinstance(offsets, dict):
+                raise TypeError
+            parsed = {int(k): int(v) for k, v in offsets.items() if not isinstance(v, bool)}
+        except (ValueError, KeyError, TypeError):
+            raise HttpError(400, 'body must be JSON like {"offsets": {"0": 42, "1": 17}}') from None
+        for index in parsed:
+            if not 0 <= index < len(stream.partitions):
+                raise HttpError(404, f"stream {name!r} has no partition {index}", "unknown_partition")
+        self.broker.streams.register_reader(stream.name, reader, parsed)
+        return 204, {}, b""
+
+    def forget(self, request: server.Request, name: str, reader: str) -> Any:
+        stream = self._stream(name)
+        self.broker.streams.forget_reader(stream.name, reader)
+        return 204, {}, b""
+
+
+def _json_lines(messages: list[Any]) -> bytes:
+    """Records for people: one JSON object a line, bodies as text when they are UTF-8."""
+    lines = []
+    for message in messages:
+        batch = pa.ipc.read_record_batch(pa.py_buffer(bytes(message)), SCHEMA)
+        timestamps = batch.column(1).cast(pa.int64()).to_pylist()
+        columns = batch.to_pydict()
+        for i, body in enumerate(columns["body"]):
+            record: dict[str, Any] = {
+                "offset": columns["offset"][i],
+                "timestamp": timestamps[i],
+                "destination": columns["destination"][i],
+                "message_id": columns["message_id"][i],
+                "headers": dict(columns["headers"][i]),
+            }
+            try:
+                record["body"] = body.decode("utf-8")
+            except UnicodeDecodeError:
+                record["body_base64"] = base64.b64encode(body).decode("ascii")
+            lines.append(json.dumps(record, ensure_ascii=False))
+    return ("\n".join(lines) + "\n").encode("utf-8") if lines else b""
+
