@@ -1155,3 +1155,15 @@ def test_session_that_never_expires(v5, broker):
     _, got2 = v5("forever", expiry=0xFFFFFFFF, clean=False)
     assert got2.connacks[0][0].session_present
     assert [m.payload for m in got2.wait_for(1)] == [b"later"]
+
+
+def test_a_publish_resent_with_the_same_duplicate_id_is_routed_once(broker, v5):
+    """Artemis's _AMQ_DUPL_ID as a user property: a device resending after a lost PUBACK."""
+    sub, got = v5("dedup-sub")
+    subscribe(sub, got, "dedup/t", qos=1)
+    pub, _ = v5("dedup-pub")
+    for payload in (b"first", b"resent", b"other id"):
+        dup_id = "reading-7" if payload != b"other id" else "reading-8"
+        publish(pub, "dedup/t", payload, qos=1, properties=props("PUBLISH", UserProperty=[("_AMQ_DUPL_ID", dup_id)]))
+    got.wait_for(2)
+    assert got.settle() and got.payloads() == [b"first", b"other id"]

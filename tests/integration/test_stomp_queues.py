@@ -66,3 +66,13 @@ def test_ten_thousand_messages_three_consumers_each_exactly_once(broker):
     for c, _ in consumers:
         disconnect(c)
     disconnect(producer)
+
+
+def test_a_send_repeated_with_the_same_duplicate_id_is_queued_once(broker):
+    """Artemis's _AMQ_DUPL_ID: a producer that resends after a lost receipt does not duplicate."""
+    conn, got = connect(broker)
+    for body, dup_id in (("order 1", "o-1"), ("order 1 again", "o-1"), ("order 2", "o-2")):
+        conn.send("/queue/orders", body, headers={"_AMQ_DUPL_ID": dup_id, "persistent": "true"}, receipt=body)
+    got.wait_for(3, what="receipts")  # every send is confirmed, the duplicate too
+    assert broker.queue_bodies("queue://orders") == [b"order 1", b"order 2"]
+    disconnect(conn)

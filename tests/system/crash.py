@@ -42,10 +42,17 @@ everything stored comes before it.  Then:
 - unexpected: bodies that no producer sent;
 - resurrected: once everything is acked (and the acks are known durable), the
   broker is killed once more and restarted: whatever comes back had been acked.
+
+With ``--stream`` (``run_cycles(stream=True)``) the broker also keeps a stream
+``crash`` of both destinations (two partitions), read back over the admin
+HTTP API at the end: every confirmed id must be in it exactly once, every
+id at most once, and each partition's offsets dense from 0 (a kill may cut a
+turn's records, never leave a hole or reuse an offset).
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -85,12 +92,14 @@ class CrashError(AssertionError):
 class Broker:
     """``gateway run`` on one data directory; fresh loopback ports at every start."""
 
-    def __init__(self, data_dir: str | os.PathLike, log_level: str = "warn") -> None:
+    def __init__(self, data_dir: str | os.PathLike, log_level: str = "warn", config: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.log_level = log_level
+        self.config = config
         self.process: BrokerProcess | None = None
         self.stomp_port = 0
         self.mqtt_port = 0
+        self.admin_port = 0
         self.starts = 0
         self.start_seconds: list[float] = []  # launch to listening (recovery included), per start
         self.output: list[str] = []  # every line any incarnation printed
@@ -109,12 +118,14 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         last = ""
         for _ in range(3):  # a port free_port() picked may be taken by the time we bind
-            self.stomp_port, self.mqtt_port = free_port(), free_port()
-            while self.mqtt_port == self.stomp_port:
-                self.mqtt_port = free_port()
+            ports: set[int] = set()
+            while len(ports) < 3:
+                ports.add(free_port())
+            self.stomp_port, self.mqtt_port, self.admin_port = ports
             self.process = BrokerProcess(
                 "--data-dir", str(self.data_dir), "--stomp-port", str(self.stomp_port),
-                "--mqtt-port", str(self.mqtt_port), "--ws-port", "0", "--log-level", self.log_level,
+                "--mqtt-port", str(self.mqtt_port), "--ws-port", "0", "--admin-port", str(self.admin_port),
+                "--log-level", self.log_level, *(["--config", self.config] if self.config else []),
                 cwd=self.data_dir.parent,
             )
             self.starts += 1
@@ -741,6 +752,62 @@ def drain_mqtt(broker: Broker, timeout: float) -> tuple[list[Arrival], bool]:
     return [a for a in arrivals if a.body != SENTINEL], present
 
 
+# -- the stream ------------------------------------------------------------------------
+
+STREAM_CONFIG = """
+[streams.crash]
+destinations = ["queue://crash", "topic://crash.>"]
+partitions = 2
+"""
+
+
+def read_stream(broker: Broker, name: str = "crash") -> dict[int, list[tuple[int, str]]]:
+    """Every record of a stream over the admin API: partition -> [(offset, body)]."""
+    import urllib.request
+
+    import pyarrow as pa
+
+    base = f"http://{HOST}:{broker.admin_port}/api/v1/streams/{name}"
+    with urllib.request.urlopen(base, timeout=30) as answer:
+        info = json.load(answer)
+    found: dict[int, list[tuple[int, str]]] = {}
+    for part in info["partitions"]:
+        index, position, latest = part["partition"], part["earliest"], part["latest"]
+        records: list[tuple[int, str]] = []
+        while position < latest:
+            with urllib.request.urlopen(f"{base}/partitions/{index}/records?from={position}&to={latest}", timeout=30) as answer:
+                table = pa.ipc.open_stream(io.BytesIO(answer.read())).read_all()
+                position = int(answer.headers["X-Stream-Next-Offset"])
+            records.extend(zip(table.column("offset").to_pylist(), (b.decode() for b in table.column("body").to_pylist())))
+        found[index] = records
+    return found
+
+
+def reconcile_stream(ledgers: list[Ledger], partitions: dict[int, list[tuple[int, str]]]) -> dict[str, Any]:
+    sent = {mid for ledger in ledgers for mid in ledger.sent}
+    confirmed = {mid for ledger in ledgers for mid in ledger.confirmed}
+    bodies: list[str] = []
+    holes = 0
+    for records in partitions.values():
+        offsets = [offset for offset, _ in records]
+        if offsets != list(range(len(offsets))):
+            holes += 1
+        bodies.extend(body for _, body in records if body != SENTINEL)
+    counts: dict[str, int] = {}
+    for body in bodies:
+        counts[body] = counts.get(body, 0) + 1
+    lost = sorted(confirmed - set(counts), key=_order_key)
+    return {
+        "records": len(bodies),
+        "lost": len(lost),
+        "lost_ids": lost[:10],
+        "duplicated": sum(1 for n in counts.values() if n > 1),
+        "unexpected": sum(1 for body in counts if body not in sent),
+        "partitions_with_holes": holes,
+        "recovered_unconfirmed": len(set(counts) - confirmed),
+    }
+
+
 # -- the cycles --------------------------------------------------------------------------
 
 
@@ -754,6 +821,7 @@ def run_cycles(
     drain_timeout: float = 1800.0,
     check_resurrection: bool = True,
     consume: bool = False,
+    stream: bool = False,
     log: Any = None,
 ) -> dict[str, Any]:
     """Run ``cycles`` crash cycles on a fresh data directory and reconcile; returns the summary.
@@ -770,7 +838,13 @@ def run_cycles(
     rng = random.Random(seed)
     say = log or (lambda *a: None)
     stomp_ledger, mqtt_ledger = Ledger("stomp"), Ledger("mqtt")
-    broker = Broker(data_dir)
+    config = None
+    if stream:
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        config = str(data_dir.parent / "crash-stream.toml")
+        Path(config).write_text(STREAM_CONFIG)
+    broker = Broker(data_dir, config=config)
+    stream_report: dict[str, Any] | None = None
     started = time.monotonic()
     problems: list[str] = []
     stomp_arrivals: list[Arrival] = []
@@ -812,6 +886,8 @@ def run_cycles(
         stomp_arrivals.extend(drain_stomp(broker, drain_timeout))
         drained, session_present = drain_mqtt(broker, drain_timeout)
         mqtt_arrivals.extend(drained)
+        if stream:
+            stream_report = reconcile_stream([stomp_ledger, mqtt_ledger], read_stream(broker))
         if check_resurrection:
             # Every ack is known to be on disk (barriers above): a kill now must bring nothing back.
             broker.kill()
@@ -835,6 +911,8 @@ def run_cycles(
     summary["stomp"] = stomp_report
     summary["mqtt"] = mqtt_report
     summary["consume"] = consume
+    if stream_report is not None:
+        summary["stream"] = stream_report
     summary["broker_starts"] = broker.starts
     summary["max_start_seconds"] = round(max(broker.start_seconds, default=0.0), 2)
     summary["problems"] = problems
@@ -850,11 +928,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-delay", type=float, default=0.2)
     parser.add_argument("--max-delay", type=float, default=1.5)
     parser.add_argument("--consume", action="store_true", help="consumers run during the cycles too (see run_cycles)")
+    parser.add_argument("--stream", action="store_true", help="the broker also keeps a stream of both destinations, checked at the end")
     parser.add_argument("--quiet", action="store_true", help="no per-cycle lines on stderr")
     args = parser.parse_args(argv)
     logging.getLogger("stomp.py").setLevel(logging.CRITICAL)
     logging.getLogger("stomp").setLevel(logging.CRITICAL)
-    options = {"seed": args.seed, "min_delay": args.min_delay, "max_delay": args.max_delay, "consume": args.consume}
+    options = {"seed": args.seed, "min_delay": args.min_delay, "max_delay": args.max_delay, "consume": args.consume, "stream": args.stream}
     say = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     if args.data_dir:
         summary = run_cycles(args.data_dir, args.cycles, log=say, **options)
@@ -863,6 +942,9 @@ def main(argv: list[str] | None = None) -> int:
             summary = run_cycles(Path(tmp) / "data", args.cycles, log=say, **options)
     print(json.dumps(summary, indent=2))
     ok = summary["lost"] == 0 and summary["duplicated"] == 0 and summary["resurrected"] == 0
+    if "stream" in summary:
+        figures = summary["stream"]
+        ok = ok and not (figures["lost"] or figures["duplicated"] or figures["unexpected"] or figures["partitions_with_holes"])
     return 0 if ok else 1
 
 

@@ -68,11 +68,21 @@ def _check_cycles(summary: dict) -> None:
 
 
 def test_crash_cycles_lose_and_duplicate_nothing(tmp_path):
-    """Producers on STOMP and MQTT, the broker killed every 0.2-1.5 s, then everything drained."""
-    summary = run_cycles(tmp_path / "data", CI_CYCLES, drain_timeout=60)
+    """Producers on STOMP and MQTT, the broker killed every 0.2-1.5 s, then everything drained.
+
+    The broker also keeps a stream of both destinations: every confirmed
+    message must be in it exactly once, at dense offsets.
+    """
+    summary = run_cycles(tmp_path / "data", CI_CYCLES, drain_timeout=60, stream=True)
     print(json.dumps(summary))
     assert summary["cycles"] == CI_CYCLES
     _check_cycles(summary)
+    stream = summary["stream"]
+    figures = json.dumps(stream)
+    assert stream["records"] >= summary["confirmed"] > 0, figures
+    assert stream["lost"] == 0, f"confirmed messages missing from the stream: {figures}"
+    assert stream["duplicated"] == 0 and stream["unexpected"] == 0, figures
+    assert stream["partitions_with_holes"] == 0, f"offsets not dense from 0: {figures}"
 
 
 def test_crash_cycles_with_consumers_running(tmp_path):
