@@ -40,6 +40,9 @@ def add_parser(commands: Any) -> None:
     perf.add_argument("--broker-pid", type=int, help="pid whose CPU and RSS to report (default: whoever listens on the port)")
     perf.add_argument("--start-broker", action="store_true",
                       help="start this broker on its default configuration (RocksDB in a fresh temporary data dir) for the run")
+    perf.add_argument("--stream", action="store_true",
+                      help="with --start-broker: the broker also keeps a stream of every perf destination, "
+                           "so the figures include the cost of appending each message to it")
     perf.add_argument("--count", type=int, help="messages (or connections) per scenario instead of its default")
     perf.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
     perf.add_argument("--subscribers", type=int, default=50, help="mqtt-fanout subscribers (default 50)")
@@ -59,8 +62,11 @@ def run(args: argparse.Namespace) -> int:
     if args.size < 8 and "latency" in names:
         print("gateway perf: latency needs --size of at least 8 (the send time rides in the payload)", file=sys.stderr)
         return 2
+    if args.stream and not args.start_broker:
+        print("gateway perf: --stream configures the broker it starts; add --start-broker", file=sys.stderr)
+        return 2
     options = Options(args.size, args.count, args.subscribers, args.inflight, args.rate, args.duration, args.connections)
-    broker = OwnBroker() if args.start_broker else None
+    broker = OwnBroker(stream=args.stream) if args.start_broker else None
     try:
         if broker is not None:
             target = Target(args.host, broker.stomp_port, broker.mqtt_port, args.login, args.passcode)
@@ -69,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
             target = Target(args.host, args.stomp_port, args.mqtt_port, args.login, args.passcode)
             pid = args.broker_pid or procinfo.pid_listening_on(
                 target.stomp_port if all(n.startswith("stomp") for n in names) else target.mqtt_port)
-        label = args.label or ("gateway (--start-broker)" if broker else f"{args.host}")
+        label = args.label or (
+            ("gateway (--start-broker --stream)" if args.stream else "gateway (--start-broker)") if broker else f"{args.host}"
+        )
         results: list[Result] = []
         failed = False
         for name in names:
@@ -130,16 +138,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# What --stream adds to the broker's configuration: every destination the scenarios use.
+STREAM_CONFIG = """[streams.perf]
+destinations = ["queue://perf.>", "topic://perf.>"]
+partitions = 4
+"""
+
+
 class OwnBroker:
     """``gateway run`` on its defaults but free ports and a throw-away data directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: bool = False) -> None:
         self.data = tempfile.mkdtemp(prefix="gateway-perf-")
         self.stomp_port, self.mqtt_port = _free_port(), _free_port()
+        extra = []
+        if stream:
+            path = f"{self.data}/perf-stream.toml"
+            with open(path, "w") as f:
+                f.write(STREAM_CONFIG)
+            extra = ["--config", path]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "run", "--data-dir", self.data,
+            [sys.executable, "-m", "gateway.cli", "run", "--data-dir", f"{self.data}/data",
              "--stomp-port", str(self.stomp_port), "--mqtt-port", str(self.mqtt_port), "--ws-port", "0",
-             "--log-level", "warn"],
+             "--admin-port", "0", "--log-level", "warn", *extra],
             stdin=subprocess.DEVNULL,
         )
         self.pid = self.proc.pid

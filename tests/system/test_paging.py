@@ -49,7 +49,7 @@ def test_backlog_beyond_the_memory_limit_stays_in_the_store(tmp_path):
     config.write_text(f"[policy]\nqueue_memory_limit = {LIMIT}\n")
     broker = BrokerProcess(
         "--config", str(config), "--data-dir", str(tmp_path / "d"), "--stomp-port", str(port),
-        "--mqtt-port", "0", "--ws-port", "0", "--log-level", "warn", cwd=tmp_path,
+        "--mqtt-port", "0", "--ws-port", "0", "--admin-port", "0", "--log-level", "warn", cwd=tmp_path,
     )
     try:
         deadline = time.monotonic() + 15

@@ -56,3 +56,16 @@ def test_unknown_scenario_is_a_usage_error():
     run = perf("mqtt-qos3", timeout=30)
     assert run.returncode == 2
     assert "unknown scenario 'mqtt-qos3'" in run.stderr
+
+
+def test_scenarios_on_a_broker_that_streams_every_destination():
+    run = perf("stomp-persistent", "mqtt-qos1", "--start-broker", "--stream", "--count", "2000")
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert [r["scenario"] for r in lines] == ["stomp-persistent", "mqtt-qos1"]
+    assert all(r["verified"] and r["broker"] == "gateway (--start-broker --stream)" for r in lines), lines
+
+
+def test_stream_needs_a_broker_of_its_own():
+    run = perf("mqtt-qos0", "--stream")
+    assert run.returncode == 2 and "--start-broker" in run.stderr

@@ -84,7 +84,7 @@ class Broker:
         )
         self.process = BrokerProcess(
             "--config", str(config), "--data-dir", str(tmp_path / "data"), "--stomp-port", str(self.stomp_port),
-            "--mqtt-port", str(self.mqtt_port), "--ws-port", "0", "--log-level", "warn", cwd=tmp_path,
+            "--mqtt-port", str(self.mqtt_port), "--ws-port", "0", "--admin-port", "0", "--log-level", "warn", cwd=tmp_path,
         )
         self.pid = self.process.proc.pid
         deadline = time.monotonic() + 15

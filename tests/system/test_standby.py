@@ -29,7 +29,7 @@ TAKING_OVER = "taking over as master"
 def start(data_dir: Path, stomp_port: int, mqtt_port: int, cwd: Path) -> BrokerProcess:
     return BrokerProcess(
         "--data-dir", str(data_dir), "--stomp-port", str(stomp_port), "--mqtt-port", str(mqtt_port),
-        "--ws-port", "0", "--log-level", "info", cwd=cwd,
+        "--ws-port", "0", "--admin-port", "0", "--log-level", "info", cwd=cwd,
     )
 
 
