@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from twisted.logger import Logger
 
 from core import destination as dest
@@ -430,10 +431,9 @@ class Stream:
         header = chunk_header(data)
         if header.first_ts >= ts_ms:
             return max(base, p.first)
-        timestamps = chunk_batch(data).column(1).cast(pa.int64()).to_numpy()
-        import numpy as np  # pyarrow's own dependency
-
-        return max(base + int(np.searchsorted(timestamps, ts_ms, side="left")), p.first)
+        # Sorted within the chunk: how many are earlier is where the first later one stands.
+        earlier = pc.sum(pc.less(chunk_batch(data).column(1).cast(pa.int64()), ts_ms)).as_py() or 0
+        return max(base + earlier, p.first)
 
     # -- readers ----------------------------------------------------------
 

@@ -92,10 +92,14 @@ class CrashError(AssertionError):
 class Broker:
     """``gateway run`` on one data directory; fresh loopback ports at every start."""
 
-    def __init__(self, data_dir: str | os.PathLike, log_level: str = "warn", config: str | None = None) -> None:
+    def __init__(
+        self, data_dir: str | os.PathLike, log_level: str = "warn", config: str | None = None, keep_ports: bool = False,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.log_level = log_level
         self.config = config
+        # Restart on the same ports (clients that reconnect to one address: a Spark query's url).
+        self.keep_ports = keep_ports
         self.process: BrokerProcess | None = None
         self.stomp_port = 0
         self.mqtt_port = 0
@@ -118,10 +122,11 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         last = ""
         for _ in range(3):  # a port free_port() picked may be taken by the time we bind
-            ports: set[int] = set()
-            while len(ports) < 3:
-                ports.add(free_port())
-            self.stomp_port, self.mqtt_port, self.admin_port = ports
+            if not (self.keep_ports and self.stomp_port):
+                ports: set[int] = set()
+                while len(ports) < 3:
+                    ports.add(free_port())
+                self.stomp_port, self.mqtt_port, self.admin_port = ports
             self.process = BrokerProcess(
                 "--data-dir", str(self.data_dir), "--stomp-port", str(self.stomp_port),
                 "--mqtt-port", str(self.mqtt_port), "--ws-port", "0", "--admin-port", str(self.admin_port),
@@ -147,6 +152,8 @@ class Broker:
             self._collect(code)
             if "cannot start" not in last or "address" not in last.lower():
                 break
+            if self.keep_ports:
+                time.sleep(0.5)  # our own port, still held by the killed process's sockets for a moment
         raise CrashError(f"broker exited at start ({self.process.proc.returncode}):\n{last}")
 
     def kill(self) -> int:
@@ -263,19 +270,37 @@ def reconcile(ledger: Ledger, arrivals: list[Arrival]) -> dict[str, Any]:
     }
 
 
+class Pace:
+    """At most ``rate`` sends a second (0: as fast as the window allows)."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.next = time.monotonic()
+
+    def wait(self) -> None:
+        if self.interval:
+            self.next += self.interval
+            delay = self.next - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+
+
 # -- producers ---------------------------------------------------------------------
 
 
 class StompProducer(threading.Thread):
     """persistent:true SENDs to QUEUE, each with a receipt; at most WINDOW outstanding."""
 
-    def __init__(self, port: int, cycle: int, ledger: Ledger, prefix: str = "stomp", limit: int | None = None) -> None:
+    def __init__(
+        self, port: int, cycle: int, ledger: Ledger, prefix: str = "stomp", limit: int | None = None, rate: float = 0,
+    ) -> None:
         super().__init__(daemon=True, name=f"stomp-producer-{cycle}")
         self.port = port
         self.cycle = cycle
         self.ledger = ledger
         self.prefix = prefix
         self.limit = limit
+        self.pace = Pace(rate)
         self.stopping = threading.Event()
         self.connected = threading.Event()
         self.gone = threading.Event()
@@ -338,6 +363,7 @@ class StompProducer(threading.Thread):
             except Exception:
                 return  # the broker died under us: mid is sent but not confirmed
             n += 1
+            self.pace.wait()
 
     def _done(self) -> bool:
         return self.stopping.is_set() or self.gone.is_set()
@@ -370,13 +396,16 @@ class StompProducer(threading.Thread):
 class MqttProducer(threading.Thread):
     """QoS 1 publishes to MQTT_TOPIC (MQTT 3.1.1, clean session); at most WINDOW in flight."""
 
-    def __init__(self, port: int, cycle: int, ledger: Ledger, prefix: str = "mqtt", limit: int | None = None) -> None:
+    def __init__(
+        self, port: int, cycle: int, ledger: Ledger, prefix: str = "mqtt", limit: int | None = None, rate: float = 0,
+    ) -> None:
         super().__init__(daemon=True, name=f"mqtt-producer-{cycle}")
         self.port = port
         self.cycle = cycle
         self.ledger = ledger
         self.prefix = prefix
         self.limit = limit
+        self.pace = Pace(rate)
         self.stopping = threading.Event()
         self.connected = threading.Event()
         self.gone = threading.Event()
@@ -455,6 +484,7 @@ class MqttProducer(threading.Thread):
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 return  # not connected any more: queued by paho, never to be published by this client
             n += 1
+            self.pace.wait()
 
     def _done(self) -> bool:
         return self.stopping.is_set() or self.gone.is_set()
