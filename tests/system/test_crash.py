@@ -8,7 +8,6 @@ here it runs a few cycles (the long run is ``python -m tests.system.crash``).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import signal
@@ -18,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from tests.system.crash import (
     MQTT_FILTER,
@@ -35,16 +33,6 @@ from tests.system.crash import (
 )
 
 CI_CYCLES = 6
-
-
-@pytest.fixture(autouse=True)
-def _quiet_stomp_py():
-    # stomp.py logs every connection a kill cuts as a warning; the figures are what matter.
-    logger = logging.getLogger("stomp.py")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    yield
-    logger.setLevel(level)
 
 
 def _check_cycles(summary: dict) -> None:
