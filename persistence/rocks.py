@@ -166,10 +166,11 @@ class RocksStore(Store):
         self._batch.put(key, value, handle)
         self._grew()
 
-    def _delete(self, handle: object, key: bytes) -> None:
+    def _delete(self, handle: object, key: bytes, counted: bool = True) -> None:
         self._check()
         self._batch.delete(key, handle)
-        self.deletes_since_compaction += 1
+        if counted:
+            self.deletes_since_compaction += 1
         self._grew()
 
     def _grew(self) -> None:
@@ -300,7 +301,9 @@ class RocksStore(Store):
     def delete_chunk(self, log: str, partition: int, base: int) -> None:
         family = self._log_family(log, create=False)
         if family is not None:
-            self._delete(self._families[family], _CHUNK_KEY.pack(partition, base))
+            # Not counted for compact(): chunks are removed from the head of a log, whole
+            # files' worth at a time, which RocksDB's own background compaction reclaims.
+            self._delete(self._families[family], _CHUNK_KEY.pack(partition, base), counted=False)
 
     def iter_chunks(self, log: str, partition: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
         self._check()
@@ -329,9 +332,15 @@ class RocksStore(Store):
         return total
 
     def compact(self) -> None:
-        """Give the space of deleted ranges back (tombstones are dropped by compaction)."""
+        """Give the space of deleted ranges back (tombstones are dropped by compaction).
+
+        Stream logs are left out: a full compaction rewrites every byte of a
+        family while holding the reactor (rocksdict keeps the GIL), and a
+        stream of millions of records would stall every client for seconds.
+        """
         for name in self._families:
-            self.db.get_column_family(name).compact_range(None, None)
+            if not name.startswith("stream."):
+                self.db.get_column_family(name).compact_range(None, None)
         self.deletes_since_compaction = 0
 
     def close(self) -> None:

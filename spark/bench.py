@@ -18,6 +18,7 @@ runs ``python -m gateway.cli run`` as a separate process.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -71,7 +72,8 @@ def _session(cores: int) -> Any:
     from spark import GatewayDataSource
 
     session = (SparkSession.builder.master(f"local[{cores}]").appName("gateway-bench")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(cores)).getOrCreate())
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(cores)).getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(GatewayDataSource)
     return session
@@ -174,13 +176,17 @@ def live(args: argparse.Namespace, url: str, mqtt: tuple[str, int]) -> None:
     latencies: list[Any] = []
     rows = [0]
     lags: list[int] = []
+    # Messages sent in the first --warmup seconds are counted but not timed: the first
+    # batches with data also start Spark's Python workers.
+    timed_from = [0]
 
     def measure(frame: Any, batch_id: int) -> None:
         table = frame.select(F.substring(F.col("body"), 1, 19).cast("string").alias("sent")).toArrow()
         now = time.time_ns()
         if table.num_rows:
             sent = pa.compute.cast(table.column("sent"), pa.int64())
-            latencies.append(pa.compute.subtract(pa.scalar(now, pa.int64()), sent))
+            sent = sent.filter(pa.compute.greater_equal(sent, timed_from[0]))
+            latencies.extend(pa.compute.subtract(pa.scalar(now, pa.int64()), sent).chunks)
             rows[0] += table.num_rows
 
     query = (spark.readStream.format("gateway").option("url", url).option("stream", args.stream)
@@ -198,38 +204,47 @@ def live(args: argparse.Namespace, url: str, mqtt: tuple[str, int]) -> None:
         for i in range(args.publishers)
     ]
     start = time.perf_counter()
+    timed_from[0] = time.time_ns() + int(args.warmup * 1e9)
     for p in publishers:
         p.start()
+    def read_up_to() -> int:
+        """Records the query has read to: the end offsets of its last micro-batch."""
+        progress = query.lastProgress
+        if not progress:
+            return 0
+        end = progress["sources"][0]["endOffset"]
+        return sum(int(v) for v in (json.loads(end) if isinstance(end, str) else end).values())
+
     with BrokerClient(url) as client:
         while any(p.is_alive() for p in publishers):
             time.sleep(1.0)
             latest = sum(p["latest"] for p in client.stream(args.stream)["partitions"])
-            progress = query.lastProgress
-            done = sum(int(v) for v in progress["sources"][0]["endOffset"].values()) if progress else 0
-            lags.append(latest - done)
+            if time.time_ns() >= timed_from[0]:
+                lags.append(latest - read_up_to())
         for p in publishers:
             p.join()
         published = time.perf_counter() - start
         final = sum(p["latest"] for p in client.stream(args.stream)["partitions"])
         caught_up = time.perf_counter()
-        while time.perf_counter() - caught_up < 30:
-            progress = query.lastProgress
-            if progress and sum(int(v) for v in progress["sources"][0]["endOffset"].values()) >= final:
-                break
+        while time.perf_counter() - caught_up < 30 and read_up_to() < final:
             time.sleep(0.2)
         drained = time.perf_counter() - caught_up
+    durations = sorted(p.durationMs.get("triggerExecution", 0) for p in query.recentProgress)
     query.stop()
     spark.stop()
     sent = sum(c.value for c in counts)
     print(f"published {sent:,} QoS 0 messages in {published:.1f} s = {sent / published:,.0f} msgs/s "
           f"({args.publishers} MQTT publishers); the stream took {final:,}")
-    print(f"the query read {rows[0]:,} rows; lag sampled each second: max {max(lags, default=0):,} records, "
+    print(f"the query read {rows[0]:,} rows; lag sampled each second after {args.warmup:g} s: max {max(lags, default=0):,} records, "
           f"median {sorted(lags)[len(lags) // 2] if lags else 0:,}; caught up {drained:.1f} s after the last publish")
     if latencies:
-        values = pa.compute.divide(pa.chunked_array(latencies).cast(pa.float64()), 1e6)
+        values = pa.compute.divide(pa.chunked_array(latencies, pa.int64()).cast(pa.float64()), 1e6)
         p50, p99 = (pa.compute.quantile(values, q=[0.5, 0.99])).to_pylist()
-        print(f"publish-to-row latency (ms, at foreachBatch on the driver): p50 {p50:.0f}, p99 {p99:.0f}, "
-              f"max {pa.compute.max(values).as_py():.0f}  (trigger every {args.trigger_ms} ms)")
+        print(f"publish-to-row latency (ms, at foreachBatch on the driver, after {args.warmup:g} s): p50 {p50:.0f}, "
+              f"p99 {p99:.0f}, max {pa.compute.max(values).as_py():.0f}  (trigger every {args.trigger_ms} ms)")
+    if durations:
+        print(f"micro-batch durations (ms, the last {len(durations)}): p50 {durations[len(durations) // 2]}, "
+              f"p90 {durations[len(durations) * 9 // 10]}, max {durations[-1]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=20_000, help="live: QoS 0 messages/s, all publishers together")
     parser.add_argument("--publishers", type=int, default=2, help="live: MQTT publisher processes")
     parser.add_argument("--trigger-ms", type=int, default=500, help="live: the query's trigger interval")
+    parser.add_argument("--warmup", type=float, default=5.0, help="live: seconds of messages not timed (Spark's workers start)")
     parser.add_argument("--mqtt", default="127.0.0.1:1883", help="live: HOST:PORT of the broker's MQTT listener (with --url)")
     parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
     args = parser.parse_args(argv)
