@@ -37,7 +37,7 @@ from core.storage import (
     seq_key,
     stored_size,
 )
-from core.stream import StreamSet, StreamSpec
+from core.stream_config import NoStreams, StreamSpec
 from core.topic import Subscription, TopicSpace
 from core.trie import filter_matches
 from core.turn import Defer, TurnEnd
@@ -95,7 +95,11 @@ class Broker:
         self._checked: set[str] = set()  # destinations that passed validate()
         self.started_at = 0.0
         self.duplicates = DuplicateCache(store, self.policy.duplicate_cache_size)
-        self.streams = StreamSet(list(streams or []), store, self.now_ms)
+        self.streams: Any = NoStreams()
+        if streams:
+            from core.stream import StreamSet  # pyarrow: only for brokers that keep streams
+
+            self.streams = StreamSet(list(streams), store, self.now_ms)
         self._retention: Any = None
 
     # -- lifecycle ------------------------------------------------------

@@ -22,11 +22,11 @@ from core.errors import (
 from core.message import Message
 from core.queue import MessageQueue
 from core.selector import SelectorError, compile_selector
-from core.stream_feed import StreamFeed, resolve_offsets
 from core.topic import Subscription
 
 if TYPE_CHECKING:
     from core.broker import Broker
+    from core.stream_feed import StreamFeed
 
 
 class Transaction:
@@ -54,7 +54,7 @@ class Connection:
         self.subscriptions: dict[Consumer, Subscription] = {}
         self.transactions: dict[str, Transaction] = {}
         self.temp_queues: set[str] = set()
-        self.feeds: dict[Consumer, StreamFeed] = {}
+        self.feeds: dict[Consumer, "StreamFeed"] = {}
         self.closed = False
         self._consumer_ids = itertools.count(1)
 
@@ -163,6 +163,8 @@ class Connection:
         partition: int | None, handle: object,
     ) -> Consumer:
         """A consumer of a stream from ``offset`` on (RabbitMQ's ``x-stream-offset``), then live."""
+        from core.stream_feed import StreamFeed, resolve_offsets  # pyarrow: loaded with the first stream
+
         broker = self.broker
         stream = broker.streams.get(dest.name_of(destination))
         if partition is not None:

@@ -40,8 +40,14 @@ import pyarrow.compute as pc
 from twisted.logger import Logger
 
 from core import destination as dest
-from core.errors import BrokerError
 from core.message import Message
+from core.stream_config import (  # noqa: F401  (re-exported: the stream's errors and spec)
+    OffsetOutOfRange,
+    StreamError,
+    StreamSpec,
+    UnknownPartition,
+    UnknownStream,
+)
 from core.records import (
     ChunkHeader,
     build_batch,
@@ -59,7 +65,7 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="gateway.core.stream")
 
-STREAM_STATE_KIND = "stream"          # key: stream \0 partition -> first, next, bytes (3 x u64)
+STREAM_STATE_KIND = "stream"          # key: stream \0 partition -> first, end, bytes (3 x u64)
 STREAM_META_KIND = "stream-meta"      # key: stream -> {"partitions": N} (JSON)
 STREAM_READER_KIND = "stream-reader"  # key: stream \0 reader -> {"offsets": {...}, "expires_ms": T}
 
@@ -73,44 +79,6 @@ CHUNK_PIECES = 256
 
 # Destinations whose streams are remembered; beyond it the cache starts over.
 ROUTE_CACHE_SIZE = 10_000
-
-
-class StreamError(BrokerError):
-    """A stream request that cannot be served; ``code`` is the token the HTTP API answers with."""
-
-    code = "bad_request"
-
-
-class UnknownStream(StreamError):
-    code = "unknown_stream"
-
-
-class UnknownPartition(StreamError):
-    code = "unknown_partition"
-
-
-class OffsetOutOfRange(StreamError):
-    code = "offset_out_of_range"
-
-    def __init__(self, message: str, earliest: int, latest: int) -> None:
-        super().__init__(message)
-        self.earliest = earliest
-        self.latest = latest
-
-
-@dataclass
-class StreamSpec:
-    """One ``[streams.NAME]`` section: the core's typed view of it."""
-
-    name: str
-    destinations: list[str] = field(default_factory=list)
-    partitions: int = 1
-    # Records older than this are removed (0: kept until max_bytes says otherwise).
-    max_age_seconds: float = 7 * 24 * 3600.0
-    # Bytes the whole stream may take on disk (0: no limit), shared evenly by its partitions.
-    max_bytes: int = 0
-    # How long a reader's registered offsets hold back age retention after its last word.
-    reader_lease_seconds: float = 600.0
 
 
 # Message fields kept as record headers, under the names STOMP gives them.
@@ -186,8 +154,7 @@ class _Small:
 
 class Partition:
     __slots__ = (
-        "stream", "index", "first", "next", "end", "bytes", "last_ts",
-        "_ts", "_dest", "_ids", "_headers", "_bodies", "_messages", "_base",
+        "stream", "index", "first", "end", "bytes", "last_ts", "messages",
         "tail", "tail_records", "tail_bytes", "tail_data",
     )
 
@@ -195,48 +162,48 @@ class Partition:
         self.stream = stream
         self.index = index
         self.first = 0   # earliest offset kept
-        self.next = 0    # offset the next append gets
         self.end = 0     # offsets below it are written (what readers may see)
         self.bytes = 0   # stored chunk bytes
         self.last_ts = 0
-        self._clear()
+        # This turn's appends: only a reference each on the hot path; the
+        # columns are built from them once, when the batch is written.
+        self.messages: list[Message] = []
         self.tail: list[_Small] = []
         self.tail_records = 0
         self.tail_bytes = 0  # stored size of the small chunks
         self.tail_data = 0   # their records' bytes (Arrow buffers), what the merged chunk will hold
 
-    def _clear(self) -> None:
-        self._ts: list[int] = []
-        self._dest: list[str] = []
-        self._ids: list[str] = []
-        self._headers: list[dict[str, str]] = []
-        self._bodies: list[bytes] = []
-        self._messages: list[Message] = []
-        self._base = self.next
-
     @property
-    def pending(self) -> int:
-        return len(self._bodies)
+    def next(self) -> int:
+        """The offset the next append gets: after the written records and this turn's."""
+        return self.end + len(self.messages)
 
-    def add(self, message: Message, now_ms: int) -> None:
-        ts = now_ms if now_ms > self.last_ts else self.last_ts
-        self.last_ts = ts
-        self._ts.append(ts)
-        self._dest.append(message.destination)
-        self._ids.append(message.id)
-        self._headers.append(record_headers(message))
-        self._bodies.append(message.body)
-        self._messages.append(message)
-        self.next += 1
+    def _timestamps(self, messages: list[Message], now_ms: int) -> list[int]:
+        """Each message's broker timestamp (when it arrived), never below the one before."""
+        last = self.last_ts
+        out = []
+        for message in messages:
+            ts = message.timestamp or now_ms
+            if ts < last:
+                ts = last
+            last = ts
+            out.append(ts)
+        self.last_ts = last
+        return out
 
-    def write(self, store: Store) -> tuple[int, list[Message], list[int]] | None:
+    def write(self, store: Store, now_ms: int) -> tuple[int, list[Message], list[int]] | None:
         """Put the turn's appends into the store's batch; returns (base, messages, timestamps)."""
-        if not self._bodies:
+        messages = self.messages
+        if not messages:
             return None
+        self.messages = []
         stream = self.stream.name
-        base, timestamps, messages = self._base, self._ts, self._messages
-        batch = build_batch(base, timestamps, self._dest, self._ids, self._headers, self._bodies)
-        self._clear()
+        base = self.end
+        timestamps = self._timestamps(messages, now_ms)
+        batch = build_batch(
+            base, timestamps, [m.destination for m in messages], [m.id for m in messages],
+            [record_headers(m) for m in messages], [m.body for m in messages],
+        )
         tail = self.tail
         tail.append(_Small(base, batch, 0, timestamps[0], timestamps[-1]))
         self.tail_records += batch.num_rows
@@ -258,12 +225,12 @@ class Partition:
             tail[-1].size = len(data)
             self.tail_bytes += len(data)
             self.bytes += len(data)
-        self.end = self.next
+        self.end = base + len(messages)
         self.save(store)
         return base, messages, timestamps
 
     def save(self, store: Store) -> None:
-        store.put_record(STREAM_STATE_KIND, f"{self.stream.name}\0{self.index}", _STATE.pack(self.first, self.next, self.bytes))
+        store.put_record(STREAM_STATE_KIND, f"{self.stream.name}\0{self.index}", _STATE.pack(self.first, self.end, self.bytes))
 
     def forget_small(self, base: int) -> None:
         """Retention removed the chunk at ``base``: stop tracking it for merges."""
@@ -480,13 +447,11 @@ class StreamSet:
             )
         if not targets:
             return
-        now = self.now_ms()
-        dirty = self._dirty
         for partition in targets:
-            if not partition.pending:
-                dirty.append(partition)
-            partition.add(message, now)
-            partition.stream.appended += 1
+            pending = partition.messages
+            if not pending:
+                self._dirty.append(partition)
+            pending.append(message)
         if not self._hooked:
             self._hooked = True
             self.store.before_flush(self._write)
@@ -496,15 +461,16 @@ class StreamSet:
         self._hooked = False
         dirty, self._dirty = self._dirty, []
         written: list[tuple[Partition, int, list[Message], list[int]]] = []
+        now = self.now_ms()
         for partition in dirty:
             try:
-                done = partition.write(self.store)
+                done = partition.write(self.store, now)
             except Exception:
                 # Never take the turn's batch (and its receipts) down with it.
                 log.failure("stream {s}/{p}: records could not be written", s=partition.stream.name, p=partition.index)
-                partition.next = partition.end
-                partition._clear()
+                partition.messages = []
                 continue
+            partition.stream.appended += len(done[1]) if done is not None else 0
             if done is not None:
                 written.append((partition, *done))
         if written:
@@ -610,11 +576,9 @@ class StreamSet:
                 index = int(key.rsplit("\0", 1)[1])
                 if index < len(stream.partitions):
                     p = stream.partitions[index]
-                    p.first, p.next, p.bytes = _STATE.unpack(raw)
-                    p.end = p.next
-                    p._base = p.next
+                    p.first, p.end, p.bytes = _STATE.unpack(raw)
                     last = None
-                    for _, data in store.iter_chunks(stream.name, index, max(p.next - 1, 0)):
+                    for _, data in store.iter_chunks(stream.name, index, max(p.end - 1, 0)):
                         last = data
                     if last is not None:
                         p.last_ts = chunk_header(last).last_ts
@@ -623,7 +587,7 @@ class StreamSet:
                 record = json.loads(raw)
                 offsets = {int(k): int(v) for k, v in record.get("offsets", {}).items()}
                 stream.readers[name] = Reader(name, offsets, int(record.get("expires_ms", 0)))
-            if any(p.next for p in stream.partitions):
+            if any(p.end for p in stream.partitions):
                 log.info(
                     "stream {s}: recovered {n} records in {p} partitions",
                     s=stream.name, n=sum(p.end - p.first for p in stream.partitions), p=len(stream.partitions),

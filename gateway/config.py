@@ -14,7 +14,7 @@ from typing import Any
 
 from core.destination import validate as validate_destination
 from core.policy import Policy
-from core.stream import StreamSpec
+from core.stream_config import StreamSpec
 from protocols.mqtt.names import filter_to_canonical
 from protocols.mqtt.session import MqttSettings
 from protocols.stomp.codec import StompLimits

@@ -14,7 +14,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from twisted.internet import defer
 from twisted.web import server
 
@@ -70,6 +69,8 @@ def _headers(value: Any, where: str) -> dict[str, str]:
 
 
 def _from_arrow(data: bytes) -> list[Row]:
+    import pyarrow as pa  # loaded by the first Arrow publish, not by every broker
+
     try:
         table = pa.ipc.open_stream(data).read_all()
     except (pa.ArrowInvalid, OSError) as exc:

@@ -11,12 +11,10 @@ import json
 import re
 from typing import Any
 
-import pyarrow as pa
 from twisted.web import server
 
 from core.broker import Broker
-from core.records import SCHEMA, ipc_stream
-from core.stream import OffsetOutOfRange, Stream, StreamError
+from core.stream_config import OffsetOutOfRange, StreamError
 from gateway.admin.http import HttpError, Router, int_query, json_body, query
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -47,7 +45,7 @@ class StreamsAPI:
         router.add("/api/v1/streams/{name}/partitions/{partition}/records", get=self.records)
         router.add("/api/v1/streams/{name}/readers/{reader}", put=self.register, delete=self.forget)
 
-    def _stream(self, name: str) -> Stream:
+    def _stream(self, name: str) -> Any:
         try:
             return self.broker.streams.get(name)
         except StreamError as exc:
@@ -112,6 +110,8 @@ class StreamsAPI:
             "X-Stream-Latest": str(p.end),
         }
         if fmt == "arrow":
+            from core.records import ipc_stream
+
             headers["Content-Type"] = ARROW_STREAM
             return 200, headers, b"".join(ipc_stream(found.messages))
         headers["Content-Type"] = JSON_LINES
@@ -143,6 +143,10 @@ class StreamsAPI:
 
 def _json_lines(messages: list[Any]) -> bytes:
     """Records for people: one JSON object a line, bodies as text when they are UTF-8."""
+    import pyarrow as pa
+
+    from core.records import SCHEMA
+
     lines = []
     for message in messages:
         batch = pa.ipc.read_record_batch(pa.py_buffer(bytes(message)), SCHEMA)

@@ -215,3 +215,14 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(api):
     assert answer.startswith(b"HTTP/1.1 413") and b"max_request_size" in answer
     status, _ = api.json("GET", "/api/v1/streams")
     assert status == 200
+
+
+def test_a_broker_without_streams_answers_too(broker):
+    api = Api(broker)
+    status, listing = api.json("GET", "/api/v1/streams")
+    assert status == 200 and listing == {"streams": []}
+    status, body = api.json("GET", "/api/v1/streams/sensors/partitions/0/records?from=0")
+    assert status == 404 and body["code"] == "unknown_stream"
+    status, answer = api.json("POST", "/api/v1/messages", b'{"destination": "/queue/plain", "body": "x"}\n', "application/x-ndjson")
+    assert status == 200 and answer == {"accepted": 1, "duplicates": 0}
+    assert broker.queue_bodies("queue://plain") == [b"x"]
