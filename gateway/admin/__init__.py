@@ -20,6 +20,8 @@ def admin_site(broker: Broker, max_request_size: int, version: str) -> AdminSite
         return json_body(200, {
             "broker": broker.name, "version": version,
             "api": ["/api/v1/streams", "/api/v1/messages"],
+            # Producers' resends the broker dropped (_AMQ_DUPL_ID), and ids it remembers now.
+            "duplicates": {"dropped": broker.duplicates.dropped, "remembered": len(broker.duplicates)},
         })
 
     router.add("/api/v1", get=index)

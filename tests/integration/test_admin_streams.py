@@ -226,3 +226,12 @@ def test_a_broker_without_streams_answers_too(broker):
     status, answer = api.json("POST", "/api/v1/messages", b'{"destination": "/queue/plain", "body": "x"}\n', "application/x-ndjson")
     assert status == 200 and answer == {"accepted": 1, "duplicates": 0}
     assert broker.queue_bodies("queue://plain") == [b"x"]
+
+
+def test_the_index_counts_dropped_duplicates(api):
+    rows = b'{"destination": "/queue/orders", "body": "1", "id": "same"}\n'
+    for _ in range(3):
+        api.json("POST", "/api/v1/messages", rows, "application/x-ndjson")
+    status, index = api.json("GET", "/api/v1")
+    assert status == 200 and index["duplicates"] == {"dropped": 2, "remembered": 1}
+    assert "/api/v1/streams" in index["api"]

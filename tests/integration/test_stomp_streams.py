@@ -136,3 +136,28 @@ def test_sending_to_a_stream_is_refused(streams_broker):
     error = raw.expect_error_and_close()
     assert "is a stream" in error.body.decode()
     raw.close()
+
+
+def test_websocket_clients_feed_and_read_streams(streams_broker):
+    """A browser's STOMP over WebSocket: its SEND lands in the stream, and it can replay the stream."""
+    from websockets.sync.client import connect as ws_connect
+
+    from protocols.stomp.codec import StompDecoder, encode_frame
+
+    def frames(ws, count):
+        decoder, got = StompDecoder(version="1.2"), []
+        while len(got) < count:
+            data = ws.recv(timeout=5)
+            got.extend(decoder.feed(data.encode() if isinstance(data, str) else data))
+        return got
+
+    produce(streams_broker, 2)
+    with ws_connect(f"ws://127.0.0.1:{streams_broker.ws_port}/", subprotocols=["v12.stomp"]) as ws:
+        ws.send(encode_frame("CONNECT", [("accept-version", "1.2"), ("host", "x")]).decode())
+        assert frames(ws, 1)[0].command == "CONNECTED"
+        ws.send(encode_frame("SEND", [("destination", "/topic/sensors.browser"), ("persistent", "true"), ("receipt", "r1")], b"from a browser").decode())
+        assert frames(ws, 1)[0].command == "RECEIPT"
+        ws.send(encode_frame("SUBSCRIBE", [("destination", "/stream/sensors"), ("id", "s"), ("ack", "auto"), ("x-stream-offset", "first")]).decode())
+        got = frames(ws, 3)
+    assert [f.body for f in got] == [b"m0", b"m1", b"from a browser"]
+    assert [f.headers["x-stream-offset"] for f in got] == ["0", "1", "2"]

@@ -1,13 +1,15 @@
 """A Spark driver process for the fault tests: a stream of the broker into Parquet, checkpointed.
 
     python -m tests.system.spark_driver --url URL --stream NAME --out DIR --checkpoint DIR
-        [--available-now] [--summary FILE]
+        [--available-now] [--summary FILE] [--relay-to DESTINATION]
 
 It runs a Structured Streaming query (the ``gateway`` source into Parquet's
 file sink) until it is killed, or with ``--available-now`` until it has read
 what the stream held when it started.  ``--summary`` then reads the output
 back through Spark (which honours the sink's ``_spark_metadata`` log, so files
 of a batch that a kill interrupted do not count) and writes the rows as JSON.
+With ``--relay-to`` the query writes to the ``gateway`` sink instead,
+publishing every record's body to that destination (``--out`` is unused).
 Each start prints ``QUERY STARTED``; the tests kill its whole process group
 (the Python driver and its JVM) with SIGKILL.
 """
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--available-now", action="store_true")
     parser.add_argument("--trigger-ms", type=int, default=500)
     parser.add_argument("--summary")
+    parser.add_argument("--relay-to")
     args = parser.parse_args(argv)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -49,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         .option("startingOffsets", "earliest").load()
         .selectExpr("stream", "partition", "offset", "CAST(body AS STRING) AS body")
     )
-    writer = frame.writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
+    if args.relay_to:
+        writer = (frame.selectExpr("body").writeStream.format("gateway").option("url", args.url)
+                  .option("destination", args.relay_to).option("checkpointLocation", args.checkpoint))
+    else:
+        writer = frame.writeStream.format("parquet").option("path", args.out).option("checkpointLocation", args.checkpoint)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime=f"{args.trigger_ms} milliseconds")
     query = writer.start()
     print("QUERY STARTED", flush=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.system.crash import STREAM_CONFIG, Broker, Ledger, MqttProducer, StompProducer
+from tests.system.crash import STREAM_CONFIG, Broker, Ledger, MqttProducer, StompProducer, read_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 pytest.importorskip("pyspark")
@@ -36,11 +36,16 @@ RATE = 200  # messages a second per producer: every micro-batch has work, and Sp
 class Driver:
     """One run of tests/system/spark_driver.py in its own process group."""
 
-    def __init__(self, broker: Broker, work: Path, available_now: bool = False, summary: Path | None = None) -> None:
+    def __init__(
+        self, broker: Broker, work: Path, available_now: bool = False, summary: Path | None = None,
+        relay_to: str | None = None,
+    ) -> None:
         command = [
             sys.executable, "-m", "tests.system.spark_driver", "--url", f"http://127.0.0.1:{broker.admin_port}",
             "--stream", "crash", "--out", str(work / "out"), "--checkpoint", str(work / "checkpoint"),
         ]
+        if relay_to:
+            command += ["--relay-to", relay_to]
         if available_now:
             command.append("--available-now")
         if summary is not None:
@@ -72,8 +77,8 @@ class Driver:
 
 
 def committed_batches(work: Path) -> int:
-    """Micro-batches the Parquet sink has committed (its _spark_metadata log)."""
-    log = work / "out" / "_spark_metadata"
+    """Micro-batches the query has committed (its checkpoint's commit log)."""
+    log = work / "checkpoint" / "commits"
     if not log.is_dir():
         return 0
     return sum(1 for p in log.iterdir() if p.name.split(".")[0].isdigit())
@@ -146,6 +151,31 @@ def check_exactly_once(summary_file: Path, producers: Producers) -> dict[str, An
     return figures
 
 
+def kill_between_publish_and_commit(broker: Broker, work: Path, driver: Driver, timeout: float = 60) -> None:
+    """SIGKILL the driver once a micro-batch's rows are on the broker but its commit is not written.
+
+    The sink is the only publisher to relay.out: rows appearing there while
+    the commit log stands still belong to a batch Spark has not committed.
+    """
+    import urllib.request
+
+    def relayed() -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}/api/v1/streams/relay", timeout=5) as answer:
+            return sum(p["latest"] for p in json.load(answer)["partitions"])
+
+    baseline: dict[int, int] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        commits = committed_batches(work)
+        latest = relayed()
+        if commits == committed_batches(work):  # no commit landed while we looked
+            if latest > baseline.setdefault(commits, latest):
+                driver.kill()
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"no micro-batch published without committing in {timeout}s:\n{(work / 'driver.log').read_text()[-3000:]}")
+
+
 def read_to_the_end_and_check(broker: Broker, tmp_path: Path, producers: Producers) -> None:
     """A last availableNow run from the checkpoint, then every confirmed message exactly once."""
     producers.finish()
@@ -155,9 +185,15 @@ def read_to_the_end_and_check(broker: Broker, tmp_path: Path, producers: Produce
     print(json.dumps(check_exactly_once(summary, producers)))
 
 
+RELAY_CONFIG = """
+[streams.relay]
+destinations = ["topic://relay.>"]
+"""
+
+
 def _stream_broker(tmp_path: Path) -> Broker:
     config = tmp_path / "stream.toml"
-    config.write_text(STREAM_CONFIG)
+    config.write_text(STREAM_CONFIG + RELAY_CONFIG)
     broker = Broker(tmp_path / "data", config=str(config), keep_ports=True)
     broker.start()
     return broker
@@ -204,4 +240,44 @@ def test_broker_killed_and_restarted_under_the_query(tmp_path):
         producers.finish()
         if driver is not None and driver.proc.poll() is None:
             driver.kill()
+        broker.ensure_dead()
+
+
+def test_sink_batches_killed_after_publishing_publish_nothing_twice(tmp_path):
+    """The gateway sink relays the stream to a topic; the driver is killed mid-batch three times.
+
+    A batch killed after its rows were published and before Spark committed
+    it runs again after the restart, with the same ids: the broker drops
+    them.  The relay topic's own stream (a consumer of every message routed
+    to it) must hold each confirmed message exactly once.
+    """
+    rng = random.Random(13)
+    broker = _stream_broker(tmp_path)
+    producers = Producers()
+    try:
+        producers.start(broker)
+        for kill in range(2):
+            driver = Driver(broker, tmp_path, relay_to="/topic/relay.out")
+            wait_for_batches(tmp_path, committed_batches(tmp_path) + 1, 120, driver)
+            kill_between_publish_and_commit(broker, tmp_path, driver)
+        producers.finish()
+        final = Driver(broker, tmp_path, available_now=True, relay_to="/topic/relay.out")
+        assert final.wait(180) == 0, (tmp_path / "driver.log").read_text()[-4000:]
+        relayed = [body for records in read_stream(broker, "relay").values() for _, body in records]
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}/api/v1", timeout=10) as answer:
+            duplicates = json.load(answer)["duplicates"]
+        figures = {
+            "relayed": len(relayed), "confirmed": len(producers.confirmed()), "dropped_as_duplicates": duplicates["dropped"],
+            "twice": len(relayed) - len(set(relayed)), "missing": len(producers.confirmed() - set(relayed)),
+            "unexpected": len(set(relayed) - producers.sent()),
+        }
+        print(json.dumps(figures))
+        assert figures["confirmed"] > 1000, figures
+        assert figures["dropped_as_duplicates"] > 0, f"no retried batch republished anything: {figures}"
+        assert figures["twice"] == 0, f"a retried batch published rows again: {figures}"
+        assert figures["missing"] == 0 and figures["unexpected"] == 0, figures
+    finally:
+        producers.finish()
         broker.ensure_dead()
