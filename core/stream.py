@@ -275,7 +275,6 @@ class Stream:
         self.filters = [(d.partition("://")[0], dest.topic_levels(dest.name_of(d))) for d in spec.destinations]
         self.readers: dict[str, Reader] = {}
         self.feeds: set["StreamFeed"] = set()
-        self.appended = 0
 
     def matches(self, destination: str) -> bool:
         scheme, _, name = destination.partition("://")
@@ -466,11 +465,11 @@ class StreamSet:
             try:
                 done = partition.write(self.store, now)
             except Exception:
-                # Never take the turn's batch (and its receipts) down with it.
+                # A bug here must not stop every other write of the turn: the turn's
+                # records are lost to this stream (its offsets are not used) and it is logged.
                 log.failure("stream {s}/{p}: records could not be written", s=partition.stream.name, p=partition.index)
                 partition.messages = []
                 continue
-            partition.stream.appended += len(done[1]) if done is not None else 0
             if done is not None:
                 written.append((partition, *done))
         if written:
