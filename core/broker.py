@@ -202,11 +202,17 @@ class Broker:
 
     # -- routing --------------------------------------------------------
 
+    def check_name(self, destination: str, allow_wildcards: bool) -> None:
+        """A canonical name a client gave: well formed, and within the configured length and depth."""
+        policy = self.policy
+        dest.check_limits(destination, policy.max_destination_levels, policy.max_destination_length)
+        dest.validate(destination, allow_wildcards=allow_wildcards)
+
     def check_destination(self, destination: str) -> None:
         """Refuse a name no message may be sent to; names seen before are not parsed again."""
         checked = self._checked
         if destination not in checked:
-            dest.validate(destination, allow_wildcards=False)
+            self.check_name(destination, allow_wildcards=False)
             if destination.startswith("stream://"):
                 raise BrokerError(
                     f"{destination} is a stream: it is fed by its destinations; send to one of them"
@@ -407,7 +413,7 @@ class Broker:
         owner_id: str | None = None, options: dict | None = None,
     ) -> Subscription:
         """A non-durable filter feeding ``queue`` (an MQTT clean session's queue)."""
-        dest.validate(destination, allow_wildcards=True)
+        self.check_name(destination, allow_wildcards=True)
         sub = Subscription(queue, destination, selector=selector, no_local=no_local, owner_id=owner_id, options=options)
         self.topics.add(sub)
         return sub
@@ -423,7 +429,7 @@ class Broker:
         key = f"{group}\x1f{destination}"
         found = self.shared.get(key)
         if found is None:
-            dest.validate(destination, allow_wildcards=True)
+            self.check_name(destination, allow_wildcards=True)
             queue = MessageQueue(f"shared://{group}/{dest.name_of(destination)}", self)
             queue.max_redeliveries = -1
             sub = Subscription(queue, destination)

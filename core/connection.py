@@ -104,7 +104,7 @@ class Connection:
         stream_partition: int | None = None,
     ) -> Consumer:
         broker = self.broker
-        dest.validate(destination, allow_wildcards=True)
+        broker.check_name(destination, allow_wildcards=True)
         if destination.startswith("stream://"):
             return self._subscribe_stream(
                 destination, sink, ack_mode, prefetch, stream_offset or "next", stream_partition, handle,

@@ -72,3 +72,17 @@ def validate(destination: str, *, allow_wildcards: bool) -> str:
                 if level == ALL_LEVELS and i != len(levels) - 1:
                     raise InvalidDestination(f"'>' must be the last level: {destination}")
     return destination
+
+
+def check_limits(destination: str, max_levels: int, max_length: int) -> None:
+    """Refuse names longer or deeper than the broker allows, naming the limit that was hit."""
+    if max_length and len(destination) > max_length:
+        raise InvalidDestination(
+            f"destination of {len(destination)} characters is over the limit of {max_length} (max_destination_length)"
+        )
+    if max_levels:
+        levels = destination.count(".") + 1
+        if levels > max_levels:
+            raise InvalidDestination(
+                f"destination of {levels} levels is over the limit of {max_levels} (max_destination_levels)"
+            )

@@ -57,3 +57,8 @@ class Policy:
     duplicate_cache_size: int = 100_000
     # Seconds between retention sweeps of the streams (age limits, reader leases).
     stream_retention_interval: float = 10.0
+    # Bounds on a destination name a client may send to or subscribe to: levels
+    # (EMQX's max_topic_levels is 128) and characters.  A device generating
+    # topics in a loop must not make the broker walk or keep unbounded names.
+    max_destination_levels: int = 128
+    max_destination_length: int = 1024

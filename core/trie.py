@@ -67,29 +67,37 @@ class TopicTrie(Generic[T]):
         return True
 
     def match(self, levels: tuple[str, ...]) -> list[T]:
-        """Subscribers whose filter matches the topic, each once, in a stable order."""
-        found: dict[T, None] = {}
-        self._walk(self._root, levels, 0, found)
-        return list(found)
+        """Subscribers whose filter matches the topic, each once, in a stable order.
 
-    def _walk(self, node: _Node[T], levels: tuple[str, ...], i: int, found: dict[T, None]) -> None:
-        children = node.children
-        dollar_guard = i == 0 and levels and levels[0].startswith("$")
-        if not dollar_guard:
-            rest = children.get(ALL_LEVELS)
-            if rest is not None and rest.subscribers:
-                found.update(rest.subscribers)
-        if i == len(levels):
-            if node.subscribers:
-                found.update(node.subscribers)
-            return
-        exact = children.get(levels[i])
-        if exact is not None:
-            self._walk(exact, levels, i + 1, found)
-        if not dollar_guard:
-            one = children.get(ONE_LEVEL)
-            if one is not None:
-                self._walk(one, levels, i + 1, found)
+        An explicit stack, not recursion: a topic's depth is the client's to
+        choose, and Python's stack is not (a 30,000-level topic raised
+        RecursionError here once).
+        """
+        found: dict[T, None] = {}
+        n = len(levels)
+        guard_first = bool(levels) and levels[0].startswith("$")
+        stack: list[tuple[_Node[T], int]] = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            children = node.children
+            dollar_guard = guard_first and i == 0
+            if not dollar_guard:
+                rest = children.get(ALL_LEVELS)
+                if rest is not None and rest.subscribers:
+                    found.update(rest.subscribers)
+            if i == n:
+                if node.subscribers:
+                    found.update(node.subscribers)
+                continue
+            # Pushed in reverse so the exact branch is walked first, as before.
+            if not dollar_guard:
+                one = children.get(ONE_LEVEL)
+                if one is not None:
+                    stack.append((one, i + 1))
+            exact = children.get(levels[i])
+            if exact is not None:
+                stack.append((exact, i + 1))
+        return list(found)
 
     def __iter__(self) -> Iterator[T]:
         stack = [self._root]

@@ -118,6 +118,8 @@ def _from_json_lines(data: bytes) -> list[Row]:
             item = json.loads(line)
         except ValueError as exc:
             raise HttpError(400, f"{where}: not JSON: {exc}") from None
+        except RecursionError:
+            raise HttpError(400, f"{where}: JSON nested too deeply") from None
         if not isinstance(item, dict):
             raise HttpError(400, f"{where}: expected an object")
         unknown = set(item) - {"destination", "body", "body_base64", "headers", "id", "persistent"}

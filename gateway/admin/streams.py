@@ -127,7 +127,7 @@ class StreamsAPI:
             if not isinstance(offsets, dict):
                 raise TypeError
             parsed = {int(k): int(v) for k, v in offsets.items() if not isinstance(v, bool)}
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise HttpError(400, 'body must be JSON like {"offsets": {"0": 42, "1": 17}}') from None
         for index in parsed:
             if not 0 <= index < len(stream.partitions):

@@ -23,6 +23,7 @@ from twisted.logger import Logger
 
 from core import destination as dest
 from core.consumer import AckMode, Consumer
+from core.destination import InvalidDestination
 from core.entry import Entry
 from core.errors import BrokerError
 from core.message import Message
@@ -174,6 +175,29 @@ def build_message(broker: Any, destination: str, payload: bytes, qos: int, retai
     )
 
 
+def _user_property_list(text: str) -> list[tuple[str, str]] | None:
+    """The exact user properties an MQTT 5 publisher sent (repeated names included), or None.
+
+    Any client can set this header (a STOMP SEND can): what is not a JSON
+    list of string pairs, or is nested deep enough to exhaust the parser, is
+    ignored rather than failing every MQTT 5 delivery of the message.
+    """
+    if len(text) > 1_000_000:
+        return None
+    try:
+        pairs = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(pairs, list):
+        return None
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], str)):
+            return None
+        out.append((pair[0], pair[1]))
+    return out
+
+
 def message_qos(message: Message) -> int:
     """The QoS a message was published with; STOMP's persistent messages count as QoS 1."""
     text = message.headers.get(QOS_HEADER)
@@ -318,6 +342,18 @@ class MqttSession:
             expiry = props.get("session_expiry_interval", 0)
         else:
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
+        if packet.will is not None:
+            try:
+                self.broker.check_name(topic_to_canonical(packet.will.topic), allow_wildcards=False)
+            except (InvalidTopic, InvalidDestination) as exc:
+                # Refused now, not silently dropped when the will is due: 5.0 says why in
+                # the CONNACK (0x90); 3.x has no return code for it and gets a close.
+                if self.level == 5:
+                    self._refuse(0, ReasonCode.TOPIC_NAME_INVALID, f"will topic: {exc}")
+                else:
+                    log.info("[{label}] CONNECT refused: will topic: {why}", label=self.label, why=str(exc))
+                    self._close()
+                return
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -612,9 +648,8 @@ class MqttSession:
     def _properties(self, message: Message, options: tuple[dict, ...]) -> dict:
         props: dict[str, Any] = {}
         every = message.headers.get(USER_PROPERTIES_HEADER)
-        if every is not None:
-            users = [(k, v) for k, v in json.loads(every)]
-        else:
+        users = _user_property_list(every) if every is not None else None
+        if users is None:
             users = [(k, v) for k, v in message.headers.items() if not k.startswith(_INTERNAL_PREFIX)]
         if users:
             props["user_properties"] = users
@@ -726,7 +761,8 @@ class MqttSession:
         try:
             group, inner = split_shared(mqtt_filter)
             canonical = filter_to_canonical(inner)
-        except InvalidTopic as exc:
+            self.broker.check_name(canonical, allow_wildcards=True)
+        except (InvalidTopic, InvalidDestination) as exc:
             log.info("[{label}] SUBSCRIBE {f!r} refused: {why}", label=self.label, f=mqtt_filter, why=str(exc))
             return ReasonCode.TOPIC_FILTER_INVALID if self.level == 5 else 0x80
         if group is not None and request.no_local and self.level == 5:

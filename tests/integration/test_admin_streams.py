@@ -235,3 +235,11 @@ def test_the_index_counts_dropped_duplicates(api):
     status, index = api.json("GET", "/api/v1")
     assert status == 200 and index["duplicates"] == {"dropped": 2, "remembered": 1}
     assert "/api/v1/streams" in index["api"]
+
+
+def test_deeply_nested_json_is_a_bad_request(api):
+    nested = b"[" * 100_000 + b"]" * 100_000
+    status, body = api.json("POST", "/api/v1/messages", nested + b"\n", "application/x-ndjson")
+    assert status == 400 and "nested too deeply" in body["error"]
+    status, body = api.json("PUT", "/api/v1/streams/sensors/readers/r", b'{"offsets": ' + nested + b"}", "application/json")
+    assert status == 400 and "offsets" in body["error"]
