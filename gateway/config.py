@@ -81,6 +81,9 @@ class Config:
     policy: Policy = field(default_factory=Policy)
     # Seconds a shutdown waits for clients to be told and their sockets to drain.
     shutdown_timeout: float = 5.0
+    # Connections the kernel may queue before the broker accepts them, per listener
+    # (capped by net.core.somaxconn): large, so a reconnect storm is not dropped.
+    listen_backlog: int = 65535
 
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
@@ -205,6 +208,8 @@ def validate(config: Config) -> None:
             isinstance(p, str) and p.split("://", 1)[0] in ("queue", "topic") and "://" in p for p in patterns
         ):
             raise ConfigError(f"[persistence.groups] {name}: a list of patterns like \"queue://orders.>\"")
+    if config.listen_backlog <= 0:
+        raise ConfigError("[broker] listen_backlog must be positive")
     if config.admin_settings.max_request_size <= 0:
         raise ConfigError("[admin] max_request_size must be positive")
     _validate_streams(config.streams)

@@ -109,9 +109,13 @@ def table(results: list[Result], label: str, pid: int | None) -> str:
             str(r.messages), f"{r.seconds:.2f}", f"{r.generator_cpu:.2f}s",
             "?" if r.broker_cpu is None else f"{r.broker_cpu:.2f}s",
         ))
-        extra = {k: v for k, v in r.details.items() if k not in ("broker_rss_before", "broker_rss_after")}
+        extra = {k: v for k, v in r.details.items() if k not in ("broker_rss_before", "broker_rss_after", "connected_client_rtt_ms")}
         if r.scenario == "connections" and r.details.get("broker_rss_after") is not None:
             extra["broker_rss"] = f"{r.details['broker_rss_before'] / 2**20:.1f} -> {r.details['broker_rss_after'] / 2**20:.1f} MiB"
+        rtt = r.details.get("connected_client_rtt_ms")
+        if rtt:
+            extra["connected_client_rtt_ms"] = "before p50 {} / during p50 {} p99 {} max {}".format(
+                rtt["before_p50"], rtt["during_p50"], rtt["during_p99"], rtt["during_max"])
         if extra:
             rows.append(("", "  " + ", ".join(f"{k}={v}" for k, v in extra.items()), "", "", "", "", "", "", ""))
     widths = [max(len(row[i]) for row in rows if not row[1].startswith("  ") or i != 1) for i in range(len(rows[0]))]

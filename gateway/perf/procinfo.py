@@ -61,3 +61,18 @@ def pid_listening_on(port: int) -> int | None:
         except OSError:
             continue
     return None
+
+
+def listen_overflows() -> int | None:
+    """The kernel's count of connections dropped because an accept queue was full (machine-wide)."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines, lines[1:]):
+        if names.startswith("TcpExt:") and values.startswith("TcpExt:"):
+            fields = dict(zip(names.split()[1:], values.split()[1:]))
+            value = fields.get("ListenOverflows")
+            return int(value) if value is not None else None
+    return None

@@ -258,29 +258,39 @@ def mqtt_paced_publisher(run: Run, target: Target, topic: str, rate: int, durati
     wire.close()
 
 
-def mqtt_connections(run: Run, target: Target, count: int, prefix: str, release: Any) -> None:
-    """Open ``count`` idle connections (keep-alive off), each CONNACKed, and hold them."""
+def mqtt_storm(run: Run, target: Target, count: int, prefix: str, finished: Any, release: Any, delay: float = 0.0) -> None:
+    """A reconnect storm: ``count`` clients connect at once (no window), as a site's devices do
+    after a network blip, each with a 60 s keep-alive.
+
+    Every connect is started before any CONNACK is awaited, so the broker's
+    accept queue sees the whole burst.  Once every client has its CONNACK (or
+    failed), each sends a PINGREQ: a PINGRESP proves the connection outlived
+    the storm.  ``finished`` counts the storm processes that are done (the
+    watcher stops on it); the sockets stay open until ``release``.  The storm
+    starts ``delay`` seconds after go, so the watcher measures a quiet broker
+    first.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < count + 64:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
+    connects = [mqtt_connect_bytes(f"{prefix}-{i}", keep_alive=60) for i in range(count)]
     run.ready_and_wait()
+    time.sleep(delay)  # the watcher's quiet baseline first
     t_first = time.monotonic()
     sel = selectors.DefaultSelector()
     socks: list[socket.socket] = []
+    for i in range(count):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.connect_ex((target.host, target.mqtt_port))
+        sel.register(s, selectors.EVENT_WRITE, [i, b"", 0.0])
+        socks.append(s)
     accepted = refused = failed = 0
-    pending = 0
-    index = 0
-    window = 256
-    deadline = time.monotonic() + 120
-    while (index < count or pending) and time.monotonic() < deadline:
-        while index < count and pending < window:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setblocking(False)
-            s.connect_ex((target.host, target.mqtt_port))
-            sel.register(s, selectors.EVENT_WRITE, [index, b""])
-            socks.append(s)
-            index += 1
-            pending += 1
+    connect_times: list[float] = []
+    alive: list[socket.socket] = []
+    pending = count
+    deadline = time.monotonic() + 180
+    while pending and time.monotonic() < deadline:
         for key, mask in sel.select(1.0):
             s, state = key.fileobj, key.data
             if mask & selectors.EVENT_WRITE:
@@ -289,7 +299,7 @@ def mqtt_connections(run: Run, target: Target, count: int, prefix: str, release:
                     pending -= 1
                     sel.unregister(s)
                     continue
-                s.send(mqtt_connect_bytes(f"{prefix}-{state[0]}", keep_alive=0))
+                s.send(connects[state[0]])
                 sel.modify(s, selectors.EVENT_READ, state)
                 continue
             try:
@@ -307,13 +317,79 @@ def mqtt_connections(run: Run, target: Target, count: int, prefix: str, release:
                 sel.unregister(s)
                 if state[1][0] == 0x20 and state[1][3] == 0:
                     accepted += 1
+                    connect_times.append(time.monotonic() - t_first)
+                    alive.append(s)
                 else:
                     refused += 1
     t_done = time.monotonic()
-    run.result(sent=count, received=accepted, refused=refused, failed=failed, t_first=t_first, t_done=t_done)
+    # Still connected afterwards?  One PINGREQ each, and count the PINGRESPs.
+    pongs = 0
+    for s in alive:
+        try:
+            s.send(b"\xc0\x00")
+            sel.register(s, selectors.EVENT_READ)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 30
+    while pongs < len(alive) and time.monotonic() < deadline:
+        for key, _ in sel.select(1.0):
+            try:
+                data = key.fileobj.recv(16)
+            except OSError:
+                data = b""
+            sel.unregister(key.fileobj)
+            if data.startswith(b"\xd0\x00"):
+                pongs += 1
+    with finished.get_lock():
+        finished.value += 1
+    connect_times.sort()
+    run.result(
+        sent=count, received=accepted, refused=refused, failed=failed, alive=pongs, t_first=t_first, t_done=t_done,
+        connect_p50=connect_times[len(connect_times) // 2] if connect_times else None,
+        connect_max=connect_times[-1] if connect_times else None,
+    )
     release.wait(120)
     for s in socks:
         s.close()
+
+
+def mqtt_watcher(run: Run, target: Target, topic: str, client_id: str, rate: int, finished: Any, storms: int) -> None:
+    """A client connected before the storm: QoS 0 round trips through the broker at ``rate``/s.
+
+    It subscribes to its own topic and times each message from its publish to
+    its delivery, until every storm process is done and a second after, so
+    the parent can compare the latency before and during the storm.
+    """
+    wire = Wire(target.host, target.mqtt_port)
+    mqtt_handshake(wire, client_id)
+    mqtt_subscribe(wire, topic, 0)
+    run.ready_and_wait()
+    samples: list[tuple[float, float]] = []  # (send time, round trip) in seconds
+    buf = wire.buf
+    interval = 1.0 / rate
+    t_first = time.monotonic()
+    stop_at: float | None = None
+    next_send = t_first
+    sent = 0
+    while stop_at is None or time.monotonic() < stop_at:
+        now = time.monotonic()
+        if now >= next_send:
+            wire.send(mqtt_publish_bytes(topic, struct.pack(">d", now), 0))
+            sent += 1
+            next_send += interval
+        data = wire.recv(max(0.0005, next_send - time.monotonic()))
+        if data:
+            buf += data
+            arrived = time.monotonic()
+            for b0, _, end in mqtt_packets(buf):
+                if b0 >> 4 == 3:  # a PUBLISH back: its payload is the send time, in its last 8 bytes
+                    sent_at = struct.unpack(">d", bytes(buf[end - 8:end]))[0]
+                    samples.append((sent_at, arrived - sent_at))
+        if stop_at is None and finished.value >= storms:
+            stop_at = time.monotonic() + 1.0
+    wire.send(b"\xe0\x00")
+    run.result(sent=sent, received=len(samples), samples=samples, t_first=t_first, t_done=time.monotonic())
+    wire.close()
 
 
 # -- STOMP ---------------------------------------------------------------------
