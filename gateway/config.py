@@ -84,6 +84,16 @@ class Config:
     # Connections the kernel may queue before the broker accepts them, per listener
     # (capped by net.core.somaxconn): large, so a reconnect storm is not dropped.
     listen_backlog: int = 65535
+    # Connections over STOMP, MQTT and WebSocket together; per source address; new
+    # ones per second per address (0: no limit).  Refused with the protocol's answer.
+    max_connections: int = 100_000
+    max_connections_per_address: int = 0
+    max_connection_rate_per_address: int = 0
+    # Bytes all connections may hold in unfinished frames and packets; past it
+    # reading pauses, largest holders first.  A connection that completes no frame
+    # for partial_frame_timeout seconds while holding part of one is dropped.
+    partial_frame_memory: int = 64 * 1024 * 1024
+    partial_frame_timeout: float = 60.0
 
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
@@ -210,6 +220,11 @@ def validate(config: Config) -> None:
             raise ConfigError(f"[persistence.groups] {name}: a list of patterns like \"queue://orders.>\"")
     if config.listen_backlog <= 0:
         raise ConfigError("[broker] listen_backlog must be positive")
+    for key in ("max_connections", "max_connections_per_address", "max_connection_rate_per_address"):
+        if getattr(config, key) < 0:
+            raise ConfigError(f"[broker] {key} must be 0 (no limit) or more")
+    if config.partial_frame_memory <= 0 or config.partial_frame_timeout <= 0:
+        raise ConfigError("[broker] partial_frame_memory and partial_frame_timeout must be positive")
     if config.admin_settings.max_request_size <= 0:
         raise ConfigError("[admin] max_request_size must be positive")
     _validate_streams(config.streams)

@@ -15,7 +15,10 @@ from gateway.config import Config
 from persistence.memory import MemoryStore
 from persistence.rocks import GroupConfig, RocksStore, StoreLocked
 from persistence.store import Store
+from protocols.adapter import ConnectionGuard
+from protocols.admission import Admission, AdmissionSettings
 from protocols.mqtt.adapter import mqtt_factory
+from protocols.partial import PartialBudget
 from protocols.mqtt.hub import MqttHub
 from protocols.mqtt.session import MqttSession
 from protocols.stomp.adapter import stomp_factory
@@ -63,6 +66,7 @@ class Gateway:
         self.factories: dict[str, Any] = {}
         self.sys: SysPublisher | None = None
         self.admin: Any = None
+        self.guard = ConnectionGuard()
         self.ports: dict[str, Any] = {}
 
     def _open_store(self) -> Store:
@@ -94,10 +98,17 @@ class Gateway:
             defer=lambda work: self.reactor.callLater(0, work), streams=config.streams,
         )
         self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings)
+        # One set of connection limits for every listener: the budgets are the process's.
+        self.guard = ConnectionGuard(
+            Admission(AdmissionSettings(
+                config.max_connections, config.max_connections_per_address, config.max_connection_rate_per_address,
+            ), self.reactor),
+            PartialBudget(config.partial_frame_memory, config.partial_frame_timeout, self.reactor),
+        )
         self.factories = {
-            "stomp": stomp_factory(self.broker, config.stomp_settings),
-            "mqtt": mqtt_factory(self.mqtt_hub),
-            "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings),
+            "stomp": stomp_factory(self.broker, config.stomp_settings, self.guard),
+            "mqtt": mqtt_factory(self.mqtt_hub, self.guard),
+            "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings, self.guard),
         }
         self.admin = admin_site(self.broker, config.admin_settings.max_request_size, VERSION)
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
@@ -219,6 +230,8 @@ class Gateway:
             yield d
         if self._housekeeping is not None and self._housekeeping.active():
             self._housekeeping.cancel()
+        if self.guard.budget is not None:
+            self.guard.budget.stop()
         if self.broker is not None:
             self.sys.stop()
             self.broker.stop()

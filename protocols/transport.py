@@ -10,7 +10,8 @@ class Transport(Protocol):
     def close(self) -> None:
         """Close after the written data is flushed."""
 
-    def pause_reading(self) -> None:
-        """Read nothing more from the client (producer flow control)."""
+    def pause_reading(self, reason: str = ...) -> None:
+        """Read nothing more from the client for ``reason`` (producer flow control)."""
 
-    def resume_reading(self) -> None: ...
+    def resume_reading(self, reason: str = ...) -> None:
+        """Read again once no reason to pause holds any more."""

@@ -3,7 +3,10 @@
 The subprotocol picks the session class (``v10.stomp``/``v11.stomp``/
 ``v12.stomp`` -> STOMP, ``mqtt``/``mqttv3.1`` -> MQTT); after that a WebSocket
 message is just bytes for the session's decoder, so packets spanning messages
-or several per message need nothing special.  autobahn's own wrapping factory
+or several per message need nothing special.  Frame data goes to the session
+as it arrives, not once a message is whole: the session's decoder is then
+the only place an unfinished frame waits, and the broker-wide budget for
+unfinished frames (protocols/partial.py) sees it, as on TCP.  autobahn's own wrapping factory
 is not used because it forces binary frames, while STOMP clients expect text
 frames: outgoing STOMP goes as text when it is UTF-8, as binary otherwise.
 """
@@ -13,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+
+from protocols.adapter import ConnectionGuard, Guarded
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet import interfaces
 from twisted.logger import Logger
@@ -41,7 +46,7 @@ class WebSocketSettings:
 
 
 @implementer(interfaces.IPushProducer)
-class GatewayWebSocketProtocol(WebSocketServerProtocol):
+class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):
     """One WebSocket connection carrying one STOMP or MQTT session."""
 
     session: Any = None
@@ -69,6 +74,7 @@ class GatewayWebSocketProtocol(WebSocketServerProtocol):
         remote = f"ws:{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
         self.session = self.factory.make_session(self.kind, self, remote)
         self.factory.sessions.add(self.session)
+        self._open(self.factory.guard, getattr(peer, "host", "?"))
         self.transport.registerProducer(self, True)
         self._heard = self.factory.reactor.seconds()
         if self.factory.settings.ping_interval > 0:
@@ -93,9 +99,18 @@ class GatewayWebSocketProtocol(WebSocketServerProtocol):
     def onPong(self, payload: bytes) -> None:
         self._heard = self.factory.reactor.seconds()
 
-    def onMessage(self, payload: bytes, isBinary: bool) -> None:
-        self._heard = self.factory.reactor.seconds()
-        self.session.data_received(payload)
+    # A message's frames go to the session as their bytes arrive (autobahn has
+    # checked size and UTF-8 before each piece); nothing is gathered here.
+    def onMessageFrameData(self, payload: bytes) -> None:
+        if not self.failedByMe and self.session is not None:
+            self._heard = self.factory.reactor.seconds()
+            self._feed(payload)
+
+    def onMessageFrameEnd(self) -> None:
+        pass
+
+    def onMessageEnd(self) -> None:
+        pass
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         if self._ping_call is not None and self._ping_call.active():
@@ -103,6 +118,7 @@ class GatewayWebSocketProtocol(WebSocketServerProtocol):
         self._ping_call = None
         if self.session is not None:
             self.factory.sessions.discard(self.session)
+            self._closed()
             self.session.connection_lost()
 
     # Transport interface for the sessions.
@@ -114,10 +130,10 @@ class GatewayWebSocketProtocol(WebSocketServerProtocol):
         else:
             self.sendMessage(data, isBinary=True)
 
-    def pause_reading(self) -> None:
+    def _pause_transport(self) -> None:
         self.transport.pauseProducing()
 
-    def resume_reading(self) -> None:
+    def _resume_transport(self) -> None:
         self.transport.resumeProducing()
 
     def close(self) -> None:
@@ -154,11 +170,14 @@ class GatewayWebSocketFactory(WebSocketServerFactory):
     protocol = GatewayWebSocketProtocol
     noisy = False
 
-    def __init__(self, make_session: Callable[[str, Any, str], Any], settings: WebSocketSettings) -> None:
+    def __init__(
+        self, make_session: Callable[[str, Any, str], Any], settings: WebSocketSettings, guard: ConnectionGuard | None = None,
+    ) -> None:
         super().__init__()
         self.make_session = make_session
         self.settings = settings
         self.sessions: set[Any] = set()
+        self.guard = guard
         self.setProtocolOptions(
             maxMessagePayloadSize=settings.max_message_size,
             maxFramePayloadSize=settings.max_message_size,

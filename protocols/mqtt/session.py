@@ -264,6 +264,7 @@ class MqttSession:
         self._send_quota = self.settings.max_inflight
         self._transport_paused = False
         self._held = False  # reading paused by producer flow control
+        self._refusal: Any = None  # why this connection may not CONNECT (connection limits)
         # Why the session ended, for transports that can say (WebSocket close codes).
         self.close_reason = "normal"
 
@@ -314,9 +315,25 @@ class MqttSession:
             log.info("[{label}] no CONNECT in time: closing", label=self.label)
             self._close()
 
+    def refuse_connect(self, refusal: Any) -> None:
+        """The connection limits refuse this client: its CONNECT gets a CONNACK saying so."""
+        self._refusal = refusal
+
+    def fail_unfinished(self, seconds: float) -> None:
+        """Held an unfinished packet too long (the broker-wide budget for them): closed, 5.0 told why."""
+        if not self.closed:
+            self._server_disconnect(
+                ReasonCode.QUOTA_EXCEEDED, f"no packet completed in {seconds:.0f} s while one was unfinished (partial_frame_timeout)",
+            )
+
     def _on_connect(self, packet: mq.Connect) -> None:
         self.level = packet.level
         props = packet.properties
+        if self._refusal is not None:
+            # 3.x: server unavailable; 5.0: quota exceeded, or connection rate exceeded.
+            reason = ReasonCode.CONNECTION_RATE_EXCEEDED if self._refusal.rate else ReasonCode.QUOTA_EXCEEDED
+            self._refuse(0x03, reason, self._refusal.why)
+            return
         client_id = packet.client_id
         assigned = None
         if not client_id:
@@ -464,7 +481,7 @@ class MqttSession:
             # Producer flow control: read nothing more from this client until there is room.
             self._held = True
             log.info("[{label}] store limit reached: holding this publisher", label=self.label)
-            self.transport.pause_reading()
+            self.transport.pause_reading("store limit")
             usage.when_space(self._release_hold)
         if qos == 1:
             self._outbox.add(_PUBACK + pid.to_bytes(2, "big") if self.level < 5 else mq.encode(mq.Puback(pid), 5))  # type: ignore[union-attr]
@@ -477,7 +494,7 @@ class MqttSession:
         self._held = False
         if not self.closed:
             log.info("[{label}] store has room again: resuming this publisher", label=self.label)
-            self.transport.resume_reading()
+            self.transport.resume_reading("store limit")
 
     def _reject_publish(self, packet: mq.Publish, reason: int, why: str) -> None:
         if packet.qos and self.level == 5:

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from core.broker import Broker
-from protocols.adapter import SessionFactory
+from protocols.adapter import ConnectionGuard, SessionFactory
 from protocols.stomp.session import StompSession, StompSettings
 
 
-def stomp_factory(broker: Broker, settings: StompSettings) -> SessionFactory:
-    return SessionFactory(lambda transport, remote: StompSession(broker, transport, settings, remote))
+def stomp_factory(broker: Broker, settings: StompSettings, guard: ConnectionGuard | None = None) -> SessionFactory:
+    return SessionFactory(lambda transport, remote: StompSession(broker, transport, settings, remote), guard)

@@ -116,6 +116,7 @@ class StompSession:
         # Why the session ended, for transports that can say (WebSocket close codes).
         self.close_reason = "normal"
         self._held = False  # reading paused by producer flow control
+        self._refusal: Any = None  # why this connection may not CONNECT (connection limits)
         self._connect_timer: Any = None
         if settings.connect_timeout > 0:
             self._connect_timer = broker.clock.callLater(settings.connect_timeout, self._connect_timed_out)
@@ -186,7 +187,18 @@ class StompSession:
 
     # -- connection ---------------------------------------------------------
 
+    def refuse_connect(self, refusal: Any) -> None:
+        """The connection limits refuse this client: its CONNECT gets an ERROR saying why."""
+        self._refusal = refusal
+
+    def fail_unfinished(self, seconds: float) -> None:
+        """Held an unfinished frame too long (the broker-wide budget for them): an ERROR and a close."""
+        if not self.closed:
+            self._fail("Frame not completed", f"no frame completed in {seconds:.0f} s while one was unfinished (partial_frame_timeout)")
+
     def _on_connect(self, frame: Frame) -> None:
+        if self._refusal is not None:
+            raise StompError("Connection refused", self._refusal.why)
         headers = frame.headers
         accepted = headers.get("accept-version")
         if accepted is None:
@@ -329,14 +341,14 @@ class StompSession:
             # Producer flow control: read nothing more from this client until there is room.
             self._held = True
             log.info("[{label}] store limit reached: holding this producer", label=self.label)
-            self.transport.pause_reading()
+            self.transport.pause_reading("store limit")
             usage.when_space(self._release_hold)
 
     def _release_hold(self) -> None:
         self._held = False
         if not self.closed:
             log.info("[{label}] store has room again: resuming this producer", label=self.label)
-            self.transport.resume_reading()
+            self.transport.resume_reading("store limit")
 
     # -- consuming ----------------------------------------------------------
 
