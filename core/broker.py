@@ -21,13 +21,13 @@ from core.errors import BrokerError, SubscriptionError, UnknownDestination
 from core.message import Message, decode_message, encode_message
 from core.policy import Policy
 from core.queue import MemoryUsage, MessageQueue
+from core.retained import RetainedMessages
 from core.storage import (
     DELIVERED_KIND,
     DURABLE_KIND,
     DURABLE_REF_KIND,
     META_KIND,
     RECORD_OVERHEAD,
-    RETAINED_KIND,
     SCHEDULED_KIND,
     STATE_KIND,
     DurableStorage,
@@ -39,7 +39,6 @@ from core.storage import (
 )
 from core.stream_config import NoStreams, StreamSpec
 from core.topic import Subscription, TopicSpace
-from core.trie import filter_matches
 from core.turn import Defer, TurnEnd
 from persistence.store import Store
 
@@ -76,7 +75,7 @@ class Broker:
         self.durables: dict[str, Subscription] = {}         # subscription key -> subscription
         self.durable_queues: dict[str, MessageQueue] = {}    # queue key -> queue fed by durables
         self.shared: dict[str, tuple[Subscription, int]] = {}  # shared subscription -> (sub, members)
-        self.retained: dict[tuple[str, ...], Message] = {}
+        self.retained = RetainedMessages(store, self.policy.max_retained_messages, self.policy.max_retained_bytes, self.now_ms)
         self.store_usage = StoreUsage(self.policy.store_limit)
         self.memory = MemoryUsage(self.policy.memory_limit)
         self.topic_messages = TopicMessages(store, self.store_usage)
@@ -279,30 +278,17 @@ class Broker:
 
     # -- retained messages ----------------------------------------------
 
-    def retain(self, message: Message) -> None:
-        """Keep the message as its topic's retained one; an empty body clears it (MQTT)."""
-        levels = dest.topic_levels(dest.name_of(message.destination))
-        key = dest.name_of(message.destination)
-        if not message.body:
-            if self.retained.pop(levels, None) is not None:
-                self.store.delete_record(RETAINED_KIND, key)
-            return
-        self.retained[levels] = message
-        self.store.put_record(RETAINED_KIND, key, encode_message(message))
+    def retain(self, message: Message, bounded: bool = True) -> None:
+        """Keep the message as its topic's retained one; an empty body clears it (MQTT).
+
+        Raises RetainedLimit for a new topic past the configured bounds
+        (``bounded`` False: the broker's own $SYS figures, never refused).
+        """
+        self.retained.retain(message, bounded)
 
     def retained_for(self, destination: str) -> list[Message]:
-        """Retained messages of every topic a filter matches."""
-        filter_levels = dest.topic_levels(dest.name_of(destination))
-        now = self.now_ms()
-        found = []
-        for levels, message in list(self.retained.items()):
-            if message.expiration and message.expiration <= now:
-                del self.retained[levels]
-                self.store.delete_record(RETAINED_KIND, ".".join(levels))
-                continue
-            if filter_matches(filter_levels, levels):
-                found.append(message)
-        return found
+        """Retained messages of every topic a filter matches (read from the store)."""
+        return self.retained.matching(destination)
 
     # -- scheduled delivery ---------------------------------------------
 
@@ -565,9 +551,7 @@ class Broker:
             )
             self.durables[key] = sub
             self.topics.add(sub)
-        for key, data in store.iter_records(RETAINED_KIND):
-            message = decode_message(data)
-            self.retained[dest.topic_levels(key)] = message
+        self.retained.recover()
         # Stored topic messages are only listed here; a durable subscriber's entry reads
         # its message below, unless it stays paged in the store.
         topic_stored: set[tuple[str, int]] = set()

@@ -62,3 +62,7 @@ class Policy:
     # topics in a loop must not make the broker walk or keep unbounded names.
     max_destination_levels: int = 128
     max_destination_length: int = 1024
+    # Retained messages kept (topics) and their bytes in the store (0: no limit);
+    # a new topic past either is not retained (EMQX's max_retained_messages).
+    max_retained_messages: int = 1_000_000
+    max_retained_bytes: int = 1024 * 1024 * 1024

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pyarrow as pa

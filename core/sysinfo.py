@@ -46,6 +46,6 @@ class SysPublisher:
             message = Message(
                 broker.new_message_id(), "topic://" + topic, value.encode(), {}, timestamp=broker.now_ms(),
             )
-            broker.retain(message)
+            broker.retain(message, bounded=False)  # the broker's own: not against the clients' bounds
             broker.route(message, count=False)
         self._call = broker.clock.callLater(self.interval, self.publish)

@@ -230,7 +230,7 @@ def validate(config: Config) -> None:
     _validate_streams(config.streams)
     if config.policy.duplicate_cache_size < 0:
         raise ConfigError("[policy] duplicate_cache_size must be 0 (off) or more")
-    for key in ("max_destination_levels", "max_destination_length"):
+    for key in ("max_destination_levels", "max_destination_length", "max_retained_messages", "max_retained_bytes"):
         if getattr(config.policy, key) < 0:
             raise ConfigError(f"[policy] {key} must be 0 (no limit) or more")
     if config.ws_settings.max_message_size <= 0:

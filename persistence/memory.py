@@ -64,6 +64,10 @@ class MemoryStore(Store):
         self._records.get(kind, {}).pop(key, None)
         self.writes += 1
 
+    def get_record(self, kind: str, key: str) -> bytes | None:
+        self._check()
+        return self._records.get(kind, {}).get(key)
+
     def iter_records(self, kind: str, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
         self._check()
         records = self._records.get(kind, {})

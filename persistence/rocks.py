@@ -237,6 +237,10 @@ class RocksStore(Store):
     def delete_record(self, kind: str, key: str) -> None:
         self._delete(self._meta_handle, kind.encode() + b"\x00" + key.encode("utf-8", "surrogateescape"))
 
+    def get_record(self, kind: str, key: str) -> bytes | None:
+        self._check()
+        return self._meta.get(kind.encode() + b"\x00" + key.encode("utf-8", "surrogateescape"))
+
     def iter_records(self, kind: str, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
         self._check()
         head = kind.encode() + b"\x00"

@@ -53,6 +53,10 @@ class Store(abc.ABC):
     def delete_record(self, kind: str, key: str) -> None: ...
 
     @abc.abstractmethod
+    def get_record(self, kind: str, key: str) -> bytes | None:
+        """One record, as written (not from the pending batch)."""
+
+    @abc.abstractmethod
     def iter_records(self, kind: str, prefix: str = "", start: str = "") -> Iterator[tuple[str, bytes]]:
         """Records of a kind whose key starts with prefix, in key order, from prefix + start on."""
 

@@ -14,6 +14,7 @@ from twisted.logger import Logger
 
 from core.broker import Broker
 from core.errors import BrokerError
+from core.retained import RetainedLimit
 from core.queue import MessageQueue
 from protocols.mqtt import codec as mq
 from protocols.mqtt.names import InvalidTopic, filter_to_canonical, topic_to_canonical
@@ -186,7 +187,10 @@ class MqttHub:
             destination = topic_to_canonical(will.topic)
             message = build_message(self.broker, destination, will.payload, will.qos, will.retain, will.properties)
             if will.retain:
-                self.broker.retain(message)
+                try:
+                    self.broker.retain(message)
+                except RetainedLimit as exc:
+                    log.warn("will on {topic!r} published, not retained: {why}", topic=will.topic, why=str(exc))
             self.broker.send(message)
         except (InvalidTopic, BrokerError) as exc:
             log.warn("will on {topic!r} not published: {why}", topic=will.topic, why=str(exc))

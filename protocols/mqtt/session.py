@@ -28,6 +28,7 @@ from core.entry import Entry
 from core.errors import BrokerError
 from core.message import Message
 from core.queue import MessageQueue
+from core.retained import RetainedLimit
 from core.topic import Subscription
 from core.trie import filter_matches
 from protocols.mqtt import codec as mq
@@ -473,7 +474,16 @@ class MqttSession:
         try:
             destination = self._publish_destination(topic)
             message = self._message(destination, packet, props)
-            self.conn.send(message, retain=packet.retain and destination.startswith("topic://"))
+            try:
+                self.conn.send(message, retain=packet.retain and destination.startswith("topic://"))
+            except RetainedLimit as exc:
+                if self.level == 5 and qos:
+                    self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, str(exc))  # PUBACK/PUBREC 0x97: not published
+                    return
+                # 3.x (and a 5.0 QoS 0 publish, which has no answer): published, not retained.
+                log.info("[{label}] retained flag dropped on {topic!r}: {why}", label=self.label, topic=topic, why=str(exc))
+                message = build_message(self.broker, destination, packet.payload, qos, False, props)
+                self.conn.send(message)
         except (InvalidTopic, BrokerError) as exc:
             self._reject_publish(packet, ReasonCode.TOPIC_NAME_INVALID, str(exc))
             return

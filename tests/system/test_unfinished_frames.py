@@ -28,11 +28,13 @@ pytestmark = pytest.mark.timeout(180)
 
 
 class Broker:
-    def __init__(self, tmp_path: Path, broker: str = "") -> None:
+    """A broker process on free ports; ``broker`` goes in its [broker] section, ``extra`` after it."""
+
+    def __init__(self, tmp_path: Path, broker: str = "", extra: str = "") -> None:
         self.stomp, self.mqtt, self.ws = free_port(), free_port(), free_port()
         tmp_path.mkdir(parents=True, exist_ok=True)
         config = tmp_path / "gateway.toml"
-        config.write_text(f"[broker]\n{broker}\n")
+        config.write_text(f"[broker]\n{broker}\n{extra}\n")
         self.process = BrokerProcess(
             "--config", str(config), "--data-dir", str(tmp_path / "data"), "--stomp-port", str(self.stomp),
             "--mqtt-port", str(self.mqtt), "--ws-port", str(self.ws), "--admin-port", "0", "--log-level", "info",
