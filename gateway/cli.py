@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import gc
 import resource
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -81,6 +82,14 @@ def run(args: argparse.Namespace) -> int:
 
     gateway = Gateway(config, reactor)
     outcome = {"code": 0}
+
+    def stop_soon(signum: int, frame: Any) -> None:
+        # A signal before the reactor runs (its own handlers are not in place yet, and
+        # the listeners may already be up): stop as soon as it starts, cleanly.
+        reactor.callFromThread(reactor.stop)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop_soon)
 
     def failed(failure: Any) -> None:
         # A port in use, an unreadable store: say so and exit non-zero.

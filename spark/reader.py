@@ -490,7 +490,10 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._register(_parse(end))
 
     def stop(self) -> None:
-        self._restore_terminate()
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            self._restore_terminate()
+        else:
+            self._on_terminate = None  # the handler is running: it restores what was there
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -518,13 +521,17 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         previous = signal.getsignal(signal.SIGTERM)
 
         def terminated(signum: int, frame: Any) -> None:
+            # Spark signals more than once while stopping a worker; a second SIGTERM
+            # arriving while the DELETE is on its way must not cut it short.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             try:
                 self.stop()
             finally:
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
                 if callable(previous):
                     previous(signum, frame)
                 elif previous != signal.SIG_IGN:
-                    os.kill(os.getpid(), signum)  # the default action, now that stop() put it back
+                    os.kill(os.getpid(), signum)  # the default action, now that it is back
 
         signal.signal(signal.SIGTERM, terminated)
         self._on_terminate = previous if previous is not None else signal.SIG_DFL

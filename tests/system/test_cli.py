@@ -124,3 +124,15 @@ def test_port_in_use_exits_1_with_reason(tmp_path):
         assert broker.proc.wait(15) == 1
         broker._reader.join(5)
     assert "cannot start" in "".join(broker.lines)
+
+
+def test_a_signal_right_after_the_first_listener_still_stops_cleanly(tmp_path):
+    """SIGTERM can come before the reactor runs (a service manager stopping a broker that just
+    started): the listeners are up, Twisted's handlers are not yet; it must still exit 0."""
+    for attempt in range(3):
+        broker = BrokerProcess(
+            "--stomp-port", "0", "--mqtt-port", "0", "--ws-port", "0", "--admin-port", "0",
+            "--data-dir", str(tmp_path / f"d{attempt}"), "--log-level", "info", cwd=tmp_path,
+        )
+        broker.wait_for_line("listener disabled")
+        assert broker.stop() == 0, "".join(broker.lines)
