@@ -348,7 +348,9 @@ class Stream:
                 size += len(piece)
             count += take_to - pos
             pos = take_to
-            if pos >= stop or count >= max_records or size >= max_bytes:
+            # Short of the chunk's end means a bound was reached: the next
+            # chunk starts past ``pos``, so going on would skip records.
+            if pos < chunk_end or pos >= stop or count >= max_records or size >= max_bytes:
                 break
         return RangeRead(messages, pos, count)
 

@@ -793,11 +793,20 @@ partitions = 2
 
 def read_stream(broker: Broker, name: str = "crash") -> dict[int, list[tuple[int, str]]]:
     """Every record of a stream over the admin API: partition -> [(offset, body)]."""
+    import urllib.error
+
+    base = f"http://{HOST}:{broker.admin_port}/api/v1/streams/{name}"
+    try:
+        return _read_stream(base)
+    except urllib.error.HTTPError as exc:
+        raise CrashError(f"reading the stream failed: {exc} {exc.read()!r}\nbroker output:\n{broker.tail(80)}") from None
+
+
+def _read_stream(base: str) -> dict[int, list[tuple[int, str]]]:
     import urllib.request
 
     import pyarrow as pa
 
-    base = f"http://{HOST}:{broker.admin_port}/api/v1/streams/{name}"
     with urllib.request.urlopen(base, timeout=30) as answer:
         info = json.load(answer)
     found: dict[int, list[tuple[int, str]]] = {}

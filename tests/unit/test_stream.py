@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from core.broker import Broker
 from core.message import Message
 from core.policy import Policy
-from core.records import SCHEMA, chunk_header
+from core.records import SCHEMA, chunk_header, ipc_stream
 from core.stream import CHUNK_PIECES, CHUNK_RECORDS, OffsetOutOfRange, StreamError, StreamSpec, UnknownPartition, UnknownStream
 from persistence.rocks import RocksStore
 
@@ -168,6 +168,32 @@ def test_range_reads_are_bounded_and_repeatable(world):
     table = w.records(start=350, end=620)
     assert table.column("offset").to_pylist() == list(range(350, 620))
     assert stream.read(0, 1000).count == 0  # from == latest: nothing, not an error
+
+
+def test_a_byte_bound_that_ends_inside_a_chunk_ends_the_read_there(world):
+    """Found by the crash cycles: a read cut short by max_bytes went on to the next chunk.
+
+    Every byte bound must give contiguous offsets from ``from``, with ``next``
+    right after them, so that reading on from ``next`` gets every record once.
+    """
+    w = world()
+    for i in range(1000):
+        w.send("topic://sensors.a", b"%05d" % i + b"x" * (50 + i % 200))
+        if i % 100 == 99:
+            w.turn()
+    stream = w.stream()
+    for max_bytes in range(1_000, 60_000, 1_733):
+        seen: list[int] = []
+        pos = 0
+        while pos < 1000:
+            found = stream.read(0, pos, max_bytes=max_bytes)
+            table = pa.ipc.open_stream(b"".join(bytes(m) for m in ipc_stream(found.messages))).read_all()
+            offsets = table.column("offset").to_pylist()
+            assert offsets == list(range(pos, found.next)), max_bytes
+            assert found.count == len(offsets) >= 1
+            seen += offsets
+            pos = found.next
+        assert seen == list(range(1000))
 
 
 def test_out_of_range_and_unknown_names(world):
