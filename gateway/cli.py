@@ -6,10 +6,12 @@ import gc
 import resource
 import signal
 import sys
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from twisted.logger import (
     FilteringLogObserver,
+    ILogFilterPredicate,
+    ILogObserver,
     LogLevel,
     LogLevelFilterPredicate,
     globalLogBeginner,
@@ -18,6 +20,7 @@ from twisted.logger import (
 
 from gateway import config as configuration
 from gateway.perf import command as perf_command
+from gateway.twisted_types import installed_reactor
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,9 +40,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _start_logging(level: str) -> None:
-    predicate = LogLevelFilterPredicate(defaultLogLevel=LogLevel.levelWithName(level))
-    observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [predicate])
-    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+    # These classes provide the interfaces by zope's @implementer, which mypy (without
+    # the mypy-zope plugin) does not take for subclassing: cast() says what Twisted declares.
+    predicate = cast(ILogFilterPredicate, LogLevelFilterPredicate(defaultLogLevel=LogLevel.levelWithName(level)))
+    observer = FilteringLogObserver(cast(ILogObserver, textFileLogObserver(sys.stderr)), [predicate])
+    globalLogBeginner.beginLoggingTo([cast(ILogObserver, observer)], redirectStandardIO=False)
 
 
 def _raise_file_limit() -> None:
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     _raise_file_limit()
     _tune_gc()
 
-    from twisted.internet import reactor
+    reactor = installed_reactor()
 
     from gateway.server import Gateway
 

@@ -42,7 +42,7 @@ class PersistenceConfig:
     sync: bool = True
     # Destination groups, each its own column family: name -> canonical patterns,
     # e.g. orders = ["queue://orders.>"].  Unmatched destinations go to "default".
-    groups: dict = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
     # Operations after which a batch is written at once instead of at the end of the turn.
     max_batch: int = 2000
     # Seconds between retries of the store lock while another broker holds it (standby).

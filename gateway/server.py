@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
@@ -11,7 +12,9 @@ from twisted.logger import Logger
 from core.broker import Broker
 from core.sysinfo import SysPublisher
 from gateway.admin import admin_site
+from gateway.admin.http import AdminSite
 from gateway.config import Config
+from gateway.twisted_types import DelayedCall, ListeningPort, Reactor
 from persistence.memory import MemoryStore
 from persistence.rocks import GroupConfig, RocksStore, StoreLocked
 from persistence.store import Store
@@ -50,7 +53,7 @@ def listen_backlog(wanted: int) -> int:
 
 
 class Gateway:
-    def __init__(self, config: Config, reactor: Any, store: Store | None = None) -> None:
+    def __init__(self, config: Config, reactor: Reactor, store: Store | None = None) -> None:
         """``store`` overrides the configured one (tests share a MemoryStore across restarts).
 
         The parts are built by ``start``, once the store is open: opening the
@@ -65,9 +68,9 @@ class Gateway:
         self.mqtt_hub: MqttHub | None = None
         self.factories: dict[str, Any] = {}
         self.sys: SysPublisher | None = None
-        self.admin: Any = None
+        self.admin: AdminSite | None = None
         self.guard = ConnectionGuard()
-        self.ports: dict[str, Any] = {}
+        self.ports: dict[str, ListeningPort] = {}
 
     def _open_store(self) -> Store:
         if self._given_store is not None:
@@ -78,7 +81,7 @@ class Gateway:
         groups = [GroupConfig(name, list(patterns)) for name, patterns in persistence.groups.items()]
         return RocksStore(
             self.store_path, groups, sync=persistence.sync, max_batch=persistence.max_batch,
-            schedule=lambda flush: self.reactor.callLater(0, flush),
+            schedule=self._soon,
         )
 
     def _open_spill(self) -> Store | None:
@@ -87,7 +90,11 @@ class Gateway:
             return None
         path = os.path.join(self.config.data_dir, "spill")
         shutil.rmtree(path, ignore_errors=True)
-        return RocksStore(path, sync=False, schedule=lambda flush: self.reactor.callLater(0, flush))
+        return RocksStore(path, sync=False, schedule=self._soon)
+
+    def _soon(self, work: Callable[[], None]) -> None:
+        """Run ``work`` in the next reactor turn (the store's batch flush, the broker's deferred work)."""
+        self.reactor.callLater(0, work)
 
     def _build(self, store: Store) -> None:
         config = self.config
@@ -95,7 +102,7 @@ class Gateway:
         self.spill = self._open_spill()
         self.broker = Broker(
             store, self.reactor, config.policy, name=config.name, spill=self.spill,
-            defer=lambda work: self.reactor.callLater(0, work), streams=config.streams,
+            defer=self._soon, streams=config.streams,
         )
         self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings)
         # One set of connection limits for every listener: the budgets are the process's.
@@ -112,16 +119,18 @@ class Gateway:
         }
         self.admin = admin_site(self.broker, config.admin_settings.max_request_size, VERSION)
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
-        self._housekeeping: Any = None
+        self._housekeeping: DelayedCall | None = None
 
     def reclaim(self, force: bool = False) -> bool:
         """Compact the store when enough has been deleted since the last time (or when forced)."""
         store = self.store
-        deletes = getattr(store, "deletes_since_compaction", 0)
+        if not isinstance(store, RocksStore):  # the memory store keeps no deleted ranges
+            return False
+        deletes = store.deletes_since_compaction
         if not deletes or not (force or deletes >= self.config.persistence.compaction_deletes):
             return False
         started = self.reactor.seconds()
-        store.compact()  # type: ignore[union-attr]
+        store.compact()
         log.info("store compacted after {n} deletes in {s:.2f}s", n=deletes, s=self.reactor.seconds() - started)
         return True
 
@@ -131,9 +140,11 @@ class Gateway:
 
     def _websocket_session(self, kind: str, transport: Any, remote: str) -> Any:
         """The same session classes as on TCP: no protocol logic is written twice."""
+        broker, hub = self.broker, self.mqtt_hub
+        assert broker is not None and hub is not None  # built by start, before any listener
         if kind == "stomp":
-            return StompSession(self.broker, transport, self.config.stomp_settings, remote)
-        return MqttSession(self.mqtt_hub, transport, remote)
+            return StompSession(broker, transport, self.config.stomp_settings, remote)
+        return MqttSession(hub, transport, remote)
 
     @property
     def ws_port(self) -> int:
@@ -162,24 +173,26 @@ class Gateway:
         """
         os.makedirs(self.config.data_dir, exist_ok=True)
         self._build(self._open_store())
-        self.broker.start()
-        self.mqtt_hub.recover()
-        self.sys.start()
+        broker, hub, publisher, site = self.broker, self.mqtt_hub, self.sys, self.admin
+        assert broker is not None and hub is not None and publisher is not None and site is not None  # built by _build
+        broker.start()
+        hub.recover()
+        publisher.start()
         if self.config.persistence.compaction_interval > 0:
             self._housekeeping = self.reactor.callLater(self.config.persistence.compaction_interval, self._housekeep)
         for name, factory in self.factories.items():
             listener = getattr(self.config, name)
             self._listen(name, listener.host or self.config.host, listener.port, factory, ephemeral)
         admin = self.config.admin
-        self._listen("admin", admin.host or self.config.host, admin.port, self.admin, ephemeral)
+        self._listen("admin", admin.host or self.config.host, admin.port, site, ephemeral)
 
     @property
     def store_path(self) -> str:
         return os.path.join(self.config.data_dir, "store")
 
-    def start_when_master(self) -> defer.Deferred:
+    def start_when_master(self) -> defer.Deferred[Gateway]:
         """Start, or wait as a standby while another broker holds the store (shared-store HA)."""
-        started: defer.Deferred = defer.Deferred()
+        started: defer.Deferred[Gateway] = defer.Deferred()
 
         def attempt(first: bool) -> None:
             try:
@@ -225,7 +238,7 @@ class Gateway:
             session.shutdown()
         deadline = self.reactor.seconds() + self.config.shutdown_timeout
         while self.sessions() and self.reactor.seconds() < deadline:
-            d = defer.Deferred()
+            d: defer.Deferred[None] = defer.Deferred()
             self.reactor.callLater(0.05, d.callback, None)
             yield d
         if self._housekeeping is not None and self._housekeeping.active():
@@ -233,6 +246,7 @@ class Gateway:
         if self.guard.budget is not None:
             self.guard.budget.stop()
         if self.broker is not None:
+            assert self.sys is not None and self.store is not None  # _build sets them with the broker
             self.sys.stop()
             self.broker.stop()
             self.store.close()

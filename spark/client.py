@@ -179,7 +179,8 @@ class BrokerClient:
         path = f"/api/v1/streams/{quote(name, safe='')}"
         status, _, data = self.request("GET", path)
         if status == 200:
-            return json.loads(data)
+            info: dict[str, Any] = json.loads(data)
+            return info
         error = self._fail("GET", path, status, data)
         if status == 404 and error.code in ("unknown_stream", ""):
             try:

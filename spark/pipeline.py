@@ -115,7 +115,9 @@ class Watcher:
     def __init__(self, settings: Settings, averages: Averages, echo: bool) -> None:
         import stomp
 
-        class Listener(stomp.ConnectionListener):
+        # stomp.py ships no type information, so its ConnectionListener is Any to mypy; the
+        # subclass is needed (stomp calls on_send and others on every listener).
+        class Listener(stomp.ConnectionListener):  # type: ignore[misc]
             def on_message(self, frame: Any) -> None:
                 item = json.loads(frame.body)
                 item["destination"] = frame.headers.get("destination")

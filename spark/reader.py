@@ -47,6 +47,10 @@ from spark.options import EARLIEST, LATEST, ReadOptions
 
 log = logging.getLogger("spark.gateway")
 
+# An offset of this source as Spark checkpoints it (JSON): {"<partition>": next_offset}.  Offsets
+# Spark hands back are typed dict[str, Any]: they come from a checkpoint, and _parse checks them.
+Offset = dict[str, int]
+
 
 def read_schema(include_headers: bool) -> StructType:
     """The columns of a read, named as Kafka's source names them where they mean the same."""
@@ -176,7 +180,7 @@ _DONE = object()
 
 def _prefetched(items: Iterator[Any], depth: int) -> Iterator[Any]:
     """Run ``items`` in a thread, at most ``depth`` ahead; its exceptions surface here, in order."""
-    slots: queue.Queue = queue.Queue(maxsize=depth)
+    slots: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
     def produce() -> None:
@@ -252,7 +256,7 @@ def split(ranges: list[tuple[int, int, int]], min_partitions: int | None) -> lis
     total = sum(e - s for _, s, e in ranges)
     if not min_partitions or len(ranges) >= min_partitions or total == 0:
         return ranges
-    out = []
+    out: list[tuple[int, int, int]] = []
     for p, s, e in ranges:
         size = e - s
         parts = max(1, min(size, math.ceil(size * min_partitions / total)))
@@ -431,7 +435,7 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return bounds
 
     @user_facing
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> Offset:
         bounds = self._bounds()
         return _offsets(resolve_start(self.opts, self.client, bounds))
 
@@ -445,7 +449,7 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {p: latest for p, (_, latest) in self._bounds().items()}
 
     @user_facing
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offset:
         bounds = self._bounds()
         begin = _parse(start)
         end = dict(begin)  # partitions the broker no longer lists stay where they were
@@ -466,14 +470,14 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _offsets(end)
 
     @user_facing
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> Offset | None:
         if self._latest is None or time.monotonic() - self._latest[0] > 1.0:
             self._bounds()
         assert self._latest is not None
         return _offsets(self._latest[1])
 
     @user_facing
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin, stop = _parse(start), _parse(end)
         wanted = [(p, begin.get(p, 0), e) for p, e in sorted(stop.items()) if e > begin.get(p, 0)]
         if not wanted:
@@ -484,7 +488,7 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return shielded(read_partition(partition, self.schema))
 
     @user_facing
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         # Spark commits batch N's end while planning batch N+1: from here on the
         # query never needs anything before it, even after a restart.
         self._register(_parse(end))
@@ -551,11 +555,11 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._stop_on_terminate()
 
 
-def _offsets(offsets: dict[int, int]) -> dict[str, int]:
+def _offsets(offsets: dict[int, int]) -> Offset:
     return {str(p): int(o) for p, o in sorted(offsets.items())}
 
 
-def _parse(offsets: dict) -> dict[int, int]:
+def _parse(offsets: dict[str, Any]) -> dict[int, int]:
     try:
         return {int(p): int(o) for p, o in offsets.items()}
     except (TypeError, ValueError, AttributeError):

@@ -150,8 +150,9 @@ class _Publisher:
         blake2b = hashlib.blake2b
         key = self.key
         seen = self.seen
-        constant = self.opts.destination is not None
-        dests = [self.opts.destination.encode()] if constant else [d.encode() for d in destination.to_pylist()]
+        fixed = self.opts.destination
+        constant = fixed is not None
+        dests = [fixed.encode()] if fixed is not None else [d.encode() for d in destination.to_pylist()]
         bodies = body.to_pylist()
         heads = headers.to_pylist() if headers is not None else None
         out = []

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, cast, overload
 
 from twisted.logger import Logger
 from twisted.web import http, server
 from twisted.web.resource import Resource
+
+from gateway.twisted_types import connected_transport
 
 log = Logger(namespace="gateway.admin")
 
@@ -30,12 +32,21 @@ class HttpError(Exception):
         self.extra = extra
 
 
-def json_body(status: int, value: Any) -> tuple[int, dict[str, str], bytes]:
+# What a handler answers: status, headers, body.
+Answer = tuple[int, dict[str, str], bytes]
+
+
+def json_body(status: int, value: Any) -> Answer:
     return status, {"Content-Type": "application/json"}, json.dumps(value).encode() + b"\n"
 
 
-def error_body(exc: HttpError) -> tuple[int, dict[str, str], bytes]:
+def error_body(exc: HttpError) -> Answer:
     return json_body(exc.status, {"error": exc.error, "code": exc.code, **exc.extra})
+
+
+class _AdminChannel(Protocol):
+    # Site.buildProtocol sets ``site`` on each channel; twisted.web's HTTPChannel does not declare it.
+    site: AdminSite
 
 
 class BoundedRequest(server.Request):
@@ -45,7 +56,7 @@ class BoundedRequest(server.Request):
     _received = 0
 
     def _limit(self) -> int:
-        return self.channel.site.max_request_size  # type: ignore[union-attr]
+        return cast(_AdminChannel, self.channel).site.max_request_size
 
     def gotLength(self, length: int | None) -> None:
         if length is not None and length > self._limit():
@@ -69,7 +80,7 @@ class BoundedRequest(server.Request):
             "error": f"request body of {size} bytes is over the limit of {self._limit()} ([admin] max_request_size)",
             "code": "request_too_large",
         }).encode() + b"\n"
-        transport = self.channel.transport  # type: ignore[union-attr]
+        transport = connected_transport(self.channel.transport)
         transport.write(
             b"HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nConnection: close\r\n"
             b"Content-Length: %d\r\n\r\n" % len(body) + body
@@ -143,7 +154,7 @@ class Router(Resource):
         self._finish(request, error_body(HttpError(500, "internal error; see the broker's log", "internal_error")), deferred=True)
 
     @staticmethod
-    def _finish(request: server.Request, answer: tuple[int, dict[str, str], bytes], deferred: bool = False) -> bytes:
+    def _finish(request: server.Request, answer: Answer, deferred: bool = False) -> bytes:
         status, headers, body = answer
         request.setResponseCode(status)
         for name, value in headers.items():
@@ -165,14 +176,30 @@ def _unquote(value: str) -> str:
     return unquote(value)
 
 
+def request_body(request: server.Request) -> bytes:
+    """The whole body: twisted.web has read it (within max_request_size) before a handler runs."""
+    content = request.content
+    assert content is not None  # made by gotLength, which comes before the body and the handler
+    body: bytes = content.read()
+    return body
+
+
 def query(request: server.Request, name: str) -> str | None:
-    values = request.args.get(name.encode())
+    values: list[bytes] | None = request.args.get(name.encode())
     if not values:
         return None
     try:
         return values[-1].decode("utf-8")
     except UnicodeDecodeError:
         raise HttpError(400, f"parameter {name} is not UTF-8") from None
+
+
+@overload
+def int_query(request: server.Request, name: str, default: int, low: int = 0, high: int | None = None) -> int: ...
+
+
+@overload
+def int_query(request: server.Request, name: str, default: None, low: int = 0, high: int | None = None) -> int | None: ...
 
 
 def int_query(request: server.Request, name: str, default: int | None, low: int = 0, high: int | None = None) -> int | None:

@@ -22,7 +22,7 @@ from core.destination import InvalidDestination
 from core.duplicates import DUPLICATE_ID_HEADER
 from core.errors import BrokerError
 from core.message import Message
-from gateway.admin.http import HttpError, Router, json_body
+from gateway.admin.http import Answer, HttpError, Router, json_body, request_body
 from gateway.admin.streams import ARROW_STREAM
 from protocols.stomp import names
 
@@ -153,7 +153,7 @@ class PublishAPI:
 
     def publish(self, request: server.Request) -> Any:
         content_type = (request.getHeader("content-type") or "").split(";")[0].strip().lower()
-        data = request.content.read()
+        data = request_body(request)
         if content_type == ARROW_STREAM:
             rows = _from_arrow(data)
         elif content_type in ("application/x-ndjson", "application/jsonl", "application/json-lines"):
@@ -166,8 +166,12 @@ class PublishAPI:
         if usage.full and any(m.persistent for m in messages):
             if broker.policy.store_full_policy == "fail":
                 raise HttpError(503, "the broker's store is full; retry once consumers have caught up", "store_full")
-            waiting: defer.Deferred = defer.Deferred()
-            usage.when_space(lambda: self._route(messages, request).chainDeferred(waiting))
+            waiting: defer.Deferred[Answer] = defer.Deferred()
+
+            def route() -> None:
+                self._route(messages, request).chainDeferred(waiting)
+
+            usage.when_space(route)
             return waiting
         return self._route(messages, request)
 
@@ -191,12 +195,12 @@ class PublishAPI:
             text = headers.pop(header, None)
             if text is not None:
                 try:
-                    value = int(text)
-                    if not low <= value <= high:
+                    number = int(text)
+                    if not low <= number <= high:
                         raise ValueError
                 except ValueError:
                     raise HttpError(400, f"{where}: header {header} must be an integer {low}-{high}, got {text[:40]!r}") from None
-                fields[name] = value
+                fields[name] = number
         headers.pop("persistent", None)
         if row.dup_id is not None:
             headers[DUPLICATE_ID_HEADER] = row.dup_id
@@ -205,7 +209,7 @@ class PublishAPI:
             persistent=row.persistent, timestamp=broker.now_ms(), **fields,
         )
 
-    def _route(self, messages: list[Message], request: server.Request) -> defer.Deferred:
+    def _route(self, messages: list[Message], request: server.Request) -> defer.Deferred[Answer]:
         broker = self.broker
         remote = request.getClientAddress()
         conn = broker.connect(None, protocol="http", remote=f"{getattr(remote, 'host', '?')}:{getattr(remote, 'port', '?')}")
@@ -221,6 +225,6 @@ class PublishAPI:
         finally:
             conn.close()
         duplicates = broker.duplicates.dropped - before
-        done: defer.Deferred = defer.Deferred()
+        done: defer.Deferred[Answer] = defer.Deferred()
         broker.store.when_durable(lambda: done.callback(json_body(200, {"accepted": sent - duplicates, "duplicates": duplicates})))
         return done

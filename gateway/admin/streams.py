@@ -9,13 +9,23 @@ from __future__ import annotations
 import base64
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.web import server
 
 from core.broker import Broker
 from core.stream_config import OffsetOutOfRange, StreamError
-from gateway.admin.http import HttpError, Router, int_query, json_body, query
+from gateway.admin.http import (
+    HttpError,
+    Router,
+    int_query,
+    json_body,
+    query,
+    request_body,
+)
+
+if TYPE_CHECKING:
+    from core.stream import Stream
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 JSON_LINES = "application/x-ndjson"
@@ -45,9 +55,10 @@ class StreamsAPI:
         router.add("/api/v1/streams/{name}/partitions/{partition}/records", get=self.records)
         router.add("/api/v1/streams/{name}/readers/{reader}", put=self.register, delete=self.forget)
 
-    def _stream(self, name: str) -> Any:
+    def _stream(self, name: str) -> Stream:
         try:
-            return self.broker.streams.get(name)
+            stream: Stream = self.broker.streams.get(name)  # the broker's StreamSet, or NoStreams that raises
+            return stream
         except StreamError as exc:
             raise _status(exc) from None
 
@@ -100,7 +111,7 @@ class StreamsAPI:
         if fmt not in ("arrow", "jsonl"):
             raise HttpError(400, f"parameter format must be arrow or jsonl, got {fmt[:40]!r}")
         try:
-            found = stream.read(index, start, end, max_records, max_bytes)  # type: ignore[arg-type]
+            found = stream.read(index, start, end, max_records, max_bytes)
         except StreamError as exc:
             raise _status(exc) from None
         p = stream.partitions[index]
@@ -122,7 +133,7 @@ class StreamsAPI:
         if not _READER_NAME.match(reader):
             raise HttpError(400, "reader names are 1-200 letters, digits and ._:-")
         try:
-            document = json.loads(request.content.read() or b"{}")
+            document = json.loads(request_body(request) or b"{}")
             offsets = document["offsets"]
             if not isinstance(offsets, dict):
                 raise TypeError

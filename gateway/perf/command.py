@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from gateway.perf import procinfo
-from gateway.perf.roles import PerfError, Target
+from gateway.perf.roles import Target
 from gateway.perf.scenarios import (
     GROUPS,
     SCENARIOS,
@@ -23,6 +23,7 @@ from gateway.perf.scenarios import (
     Scenario,
     expand,
 )
+from gateway.perf.wire import PerfError
 
 
 def add_parser(commands: Any) -> None:
@@ -139,7 +140,8 @@ def _num(value: float) -> str:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 # What --stream adds to the broker's configuration: every destination the scenarios use.

@@ -14,7 +14,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from gateway.perf.wire import (
     PUBACK,
@@ -44,6 +44,11 @@ class Target:
     mqtt_port: int
     login: str | None = None
     passcode: str | None = None
+
+
+def _socket(key: selectors.SelectorKey) -> socket.socket:
+    """The socket a selector key stands for: only sockets are registered (typeshed allows any file)."""
+    return cast(socket.socket, key.fileobj)
 
 
 def _cpu() -> float:
@@ -292,7 +297,7 @@ def mqtt_storm(run: Run, target: Target, count: int, prefix: str, finished: Any,
     deadline = time.monotonic() + 180
     while pending and time.monotonic() < deadline:
         for key, mask in sel.select(1.0):
-            s, state = key.fileobj, key.data
+            s, state = _socket(key), key.data
             if mask & selectors.EVENT_WRITE:
                 if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                     failed += 1
@@ -334,7 +339,7 @@ def mqtt_storm(run: Run, target: Target, count: int, prefix: str, finished: Any,
     while pongs < len(alive) and time.monotonic() < deadline:
         for key, _ in sel.select(1.0):
             try:
-                data = key.fileobj.recv(16)
+                data = _socket(key).recv(16)
             except OSError:
                 data = b""
             sel.unregister(key.fileobj)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from gateway.perf import procinfo, roles
 from gateway.perf.roles import Target
+from gateway.perf.wire import PerfError
 
 # The targets for this broker on a 2-core machine (shown beside each figure).
 TARGETS = {
@@ -26,6 +27,9 @@ TARGETS = {
     "latency": 1.0,
     "connections": 10.0,
 }
+
+# What a role process reports when it is done: its counts, times and CPU (see roles).
+RoleResult = dict[str, Any]
 
 
 @dataclass
@@ -78,18 +82,18 @@ class Fleet:
         self.procs.append((proc, parent))
         self._expect(parent, "ready")
 
-    def run(self) -> list[dict[str, Any]]:
+    def run(self) -> list[RoleResult]:
         self.go.set()
         return [self._expect(pipe, "result") for _, pipe in self.procs]
 
     def _expect(self, pipe: Any, what: str) -> Any:
         if not pipe.poll(300):
-            raise roles.PerfError(f"a generator process sent no {what} within 300 s")
+            raise PerfError(f"a generator process sent no {what} within 300 s")
         kind, value = pipe.recv()
         if kind == "error":
-            raise roles.PerfError(value)
+            raise PerfError(value)
         if kind != what:
-            raise roles.PerfError(f"a generator process sent {kind}, expected {what}")
+            raise PerfError(f"a generator process sent {kind}, expected {what}")
         return value
 
     def close(self) -> None:
@@ -99,7 +103,7 @@ class Fleet:
                 proc.kill()
 
 
-def _role_main(role: Callable[..., None], pipe: Any, go: Any, args: tuple) -> None:
+def _role_main(role: Callable[..., None], pipe: Any, go: Any, args: tuple[Any, ...]) -> None:
     try:
         role(roles.Run(pipe, go), *args)
     except Exception as exc:  # the parent reports it; a traceback in a child helps nobody
@@ -116,7 +120,7 @@ class Scenario:
     def count(self, default: int) -> int:
         return self.options.count or default
 
-    def _measure(self, name: str, fleet: Fleet, expected: int, unit: str, figure: Callable[[list[dict], float], float], details: Callable[[list[dict]], dict] | None = None) -> Result:
+    def _measure(self, name: str, fleet: Fleet, expected: int, unit: str, figure: Callable[[list[RoleResult], float], float], details: Callable[[list[RoleResult]], dict[str, Any]] | None = None) -> Result:
         cpu0 = procinfo.cpu_seconds(self.broker_pid) if self.broker_pid else None
         try:
             results = fleet.run()
@@ -169,10 +173,10 @@ class Scenario:
         fleet.start(roles.mqtt_qos1_subscriber, self.target, t, n, o.size, f"perf-sub-{self.tag}", True)
         fleet.start(roles.mqtt_paced_publisher, self.target, t, o.rate, o.duration, o.size, f"perf-pub-{self.tag}")
 
-        def p99(results: list[dict], seconds: float) -> float:
+        def p99(results: list[RoleResult], seconds: float) -> float:
             return _percentile(_delays(results), 99) / 1e6
 
-        def details(results: list[dict]) -> dict:
+        def details(results: list[RoleResult]) -> dict[str, Any]:
             d = _delays(results)
             return {"rate": o.rate, "p50_ms": round(_percentile(d, 50) / 1e6, 3), "p99_ms": round(_percentile(d, 99) / 1e6, 3),
                     "max_ms": round((d[-1] if d else 0) / 1e6, 3), **_acks(results)}
@@ -250,12 +254,12 @@ class Scenario:
         return self._measure("stomp-persistent", fleet, n, "msgs/s", lambda r, s: n / s, _acks)
 
 
-def _acks(results: list[dict]) -> dict:
+def _acks(results: list[RoleResult]) -> dict[str, Any]:
     pub = next(r for r in results if "acked" in r)
     return {"confirmed": pub["acked"], "producer_msgs_per_s": round(pub["acked"] / max(pub["t_done"] - pub["t_first"], 1e-9), 1)}
 
 
-def _delays(results: list[dict]) -> list[int]:
+def _delays(results: list[RoleResult]) -> list[int]:
     return sorted(d for r in results for d in r.get("delays", ()))
 
 
