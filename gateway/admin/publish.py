@@ -169,7 +169,9 @@ class PublishAPI:
             waiting: defer.Deferred[Answer] = defer.Deferred()
 
             def route() -> None:
-                self._route(messages, request).chainDeferred(waiting)
+                # Run by the store's space waiters: a refusal (a destination gone
+                # meanwhile) must answer this request, not escape into the waiter loop.
+                defer.maybeDeferred(self._route, messages, request).chainDeferred(waiting)
 
             usage.when_space(route)
             return waiting

@@ -116,3 +116,59 @@ def test_fail_policy_answers_mqtt5_with_quota_exceeded(broker):
         codes.append(raw.read(2).reason_code)
     assert codes[0] == 0 and codes[-1] == mq.ReasonCode.QUOTA_EXCEEDED, codes
     raw.close()
+
+
+def _post_json_lines(broker, rows: list[dict]) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{broker.admin_port}/api/v1/messages",
+        data=b"".join(json.dumps(r).encode() + b"\n" for r in rows),
+        headers={"Content-Type": "application/x-ndjson"}, method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+@pytest.mark.policy(store_limit=LIMIT, store_full_policy="block")
+def test_http_publish_waits_for_room_and_is_answered_even_when_refused_then(broker):
+    """A POST held by a full store is answered once there is room: 200 when routed,
+    the refusal (here: its temporary queue's owner left meanwhile) when not -- never left hanging."""
+    producer, _ = connect(broker, "1.2")
+    for i in range(60):
+        producer.send("/queue/full", BODY, headers={"persistent": "true"})
+    wait_stable(lambda: broker.queue_depth("queue://full"))
+    owner, owner_got = connect(broker, "1.2")
+    owner.subscribe("/temp-queue/replies", id="t")
+    owner.send("/temp-queue/replies", "hello", receipt="r")
+    owner_got.wait_for(1, what="receipts")
+    (hello,) = owner_got.wait_for(1)
+    temp = hello.headers["destination"]
+    answers: list[tuple[int, dict]] = []
+    held = threading.Thread(target=lambda: answers.append(_post_json_lines(broker, [
+        {"destination": temp, "body": "late", "persistent": True},
+    ])))
+    ok = threading.Thread(target=lambda: answers.append(_post_json_lines(broker, [
+        {"destination": "/queue/later", "body": "b", "persistent": True},
+    ])))
+    held.start()
+    time.sleep(0.5)
+    assert held.is_alive(), "the POST was not held while the store is full"
+    disconnect(owner)  # its temporary queue goes with it
+    consumer, got = connect(broker, "1.2")
+    consumer.subscribe("/queue/full", id="c")
+    got.wait_for(60)
+    held.join(20)
+    ok.start()
+    ok.join(20)
+    assert not held.is_alive() and not ok.is_alive()
+    status, body = answers[0]
+    assert status == 400 and "does not exist" in body["error"], answers
+    assert answers[1] == (200, {"accepted": 1, "duplicates": 0})
+    disconnect(consumer)
+    disconnect(producer)
