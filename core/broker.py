@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, overload
 
 from twisted.logger import Logger
 
@@ -38,12 +38,13 @@ from core.storage import (
     stored_size,
 )
 from core.stream_config import NoStreams, StreamSpec
-from core.topic import Subscription, TopicSpace
+from core.topic import MessageFilter, Options, Subscription, TopicSpace
 from core.turn import Defer, TurnEnd
 from persistence.store import Store
 
 if TYPE_CHECKING:
     from core.connection import Connection
+    from core.stream import Stream, StreamSet
 
 log = Logger(namespace="gateway.core")
 
@@ -80,6 +81,8 @@ class Broker:
         self.memory = MemoryUsage(self.policy.memory_limit)
         self.topic_messages = TopicMessages(store, self.store_usage)
         self.connections: dict[str, "Connection"] = {}
+        # client id -> its registered connections (MQTT may briefly have two: a take-over)
+        self._by_client: dict[str, set[Connection]] = {}
         self.temp_owners: dict[str, str] = {}  # temp queue -> owning connection id
         self._seq = 1
         self._seq_reserved = 0
@@ -94,7 +97,7 @@ class Broker:
         self._checked: set[str] = set()  # destinations that passed validate()
         self.started_at = 0.0
         self.duplicates = DuplicateCache(store, self.policy.duplicate_cache_size)
-        self.streams: Any = NoStreams()
+        self.streams: StreamSet | NoStreams = NoStreams()
         if streams:
             from core.stream import StreamSet  # pyarrow: only for brokers that keep streams
 
@@ -172,9 +175,40 @@ class Broker:
         conn_id = f"{self.name}-{next(self._conn_ids)}"
         connection = Connection(self, conn_id, client_id, protocol=protocol, remote=remote)
         self.connections[conn_id] = connection
+        if client_id is not None:
+            self._by_client.setdefault(client_id, set()).add(connection)
         return connection
 
+    def forget_connection(self, connection: Connection) -> None:
+        """A connection has closed: it is no longer counted or found by its client id."""
+        self.connections.pop(connection.id, None)
+        client_id = connection.client_id
+        if client_id is not None:
+            same = self._by_client.get(client_id)
+            if same is not None:
+                same.discard(connection)
+                if not same:
+                    del self._by_client[client_id]
+
+    def client_connected(self, client_id: str) -> bool:
+        """Whether a connection with this client id is open (STOMP refuses a second one)."""
+        same = self._by_client.get(client_id)
+        return same is not None and any(not c.closed for c in same)
+
+    def connection_count(self) -> int:
+        return len(self.connections)
+
+    def when_durable(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once everything written so far is on disk (the store's group commit)."""
+        self.store.when_durable(callback)
+
     # -- destinations ---------------------------------------------------
+
+    @overload
+    def queue(self, name: str, create: Literal[True] = True) -> MessageQueue: ...
+
+    @overload
+    def queue(self, name: str, create: bool) -> MessageQueue | None: ...
 
     def queue(self, name: str, create: bool = True) -> MessageQueue | None:
         queue = self.queues.get(name)
@@ -198,6 +232,14 @@ class Broker:
         self.temp_owners.pop(canonical, None)
         if queue is not None:
             queue.purge()
+
+    def temp_queue_owner(self, canonical: str) -> str | None:
+        """The id of the connection that created a temporary queue; None once it is gone."""
+        return self.temp_owners.get(canonical)
+
+    def stream(self, name: str) -> Stream:
+        """A configured stream; UnknownStream otherwise."""
+        return self.streams.get(name)
 
     # -- routing --------------------------------------------------------
 
@@ -271,7 +313,7 @@ class Broker:
                 order.append((sub.queue, entry))
             elif isinstance(entry.via, tuple):
                 entry.via = entry.via + (sub,)
-            else:
+            elif isinstance(entry.via, Subscription):  # always: the entry was made with via=sub
                 entry.via = (entry.via, sub)
         for queue, entry in order:
             queue.enqueue(entry)
@@ -285,6 +327,10 @@ class Broker:
         (``bounded`` False: the broker's own $SYS figures, never refused).
         """
         self.retained.retain(message, bounded)
+
+    def replay(self, filter_levels: tuple[str, ...]) -> list[tuple[int, Message]]:
+        """Recent messages of every topic a filter matches, oldest first (retroactive consumers)."""
+        return self.topics.replay(filter_levels)
 
     def retained_for(self, destination: str) -> list[Message]:
         """Retained messages of every topic a filter matches (read from the store)."""
@@ -395,8 +441,8 @@ class Broker:
     # -- topic subscriptions feeding existing queues ---------------------
 
     def add_subscription(
-        self, queue: MessageQueue, destination: str, *, selector: Any = None, no_local: bool = False,
-        owner_id: str | None = None, options: dict | None = None,
+        self, queue: MessageQueue, destination: str, *, selector: MessageFilter | None = None, no_local: bool = False,
+        owner_id: str | None = None, options: Options | None = None,
     ) -> Subscription:
         """A non-durable filter feeding ``queue`` (an MQTT clean session's queue)."""
         self.check_name(destination, allow_wildcards=True)
@@ -416,8 +462,7 @@ class Broker:
         found = self.shared.get(key)
         if found is None:
             self.check_name(destination, allow_wildcards=True)
-            queue = MessageQueue(f"shared://{group}/{dest.name_of(destination)}", self)
-            queue.max_redeliveries = -1
+            queue = MessageQueue(f"shared://{group}/{dest.name_of(destination)}", self, max_redeliveries=-1)
             sub = Subscription(queue, destination)
             self.topics.add(sub)
             found = (sub, 0)
@@ -447,8 +492,8 @@ class Broker:
         return queue
 
     def durable_subscription(
-        self, key: str, destination: str, selector_text: str | None, selector: Any, no_local: bool,
-        *, queue_key: str | None = None, options: dict | None = None,
+        self, key: str, destination: str, selector_text: str | None, selector: MessageFilter | None, no_local: bool,
+        *, queue_key: str | None = None, options: Options | None = None,
     ) -> Subscription:
         """Find or create a durable subscription; a changed definition starts afresh (as JMS).
 
@@ -468,8 +513,7 @@ class Broker:
             if same:
                 # Same messages, other delivery options (MQTT QoS, no local, retain
                 # handling): update in place, keeping what the subscription holds.
-                existing.options = options
-                existing.no_local = no_local
+                existing.redefine(options, no_local)
                 self._save_durable(key, existing, queue_key, selector_text)
                 return existing
             if existing.queue.consumers:
@@ -486,7 +530,7 @@ class Broker:
     def _save_durable(self, key: str, sub: Subscription, queue_key: str, selector_text: str | None) -> None:
         record = {
             "destination": sub.destination, "selector": selector_text or None, "no_local": sub.no_local,
-            "queue": queue_key, "options": sub.options,
+            "queue": queue_key, "options": _options_record(sub.options),
         }
         self.store.put_record(DURABLE_KIND, key, json.dumps(record).encode())
 
@@ -521,6 +565,14 @@ class Broker:
         for queue_key, q in list(self.durable_queues.items()):
             if q is queue:
                 del self.durable_queues[queue_key]
+
+    def durable(self, key: str) -> Subscription | None:
+        """The durable subscription of that key, if there is one."""
+        return self.durables.get(key)
+
+    def subscription_count(self) -> int:
+        """Topic subscriptions the broker feeds (durable or not, shared ones once)."""
+        return len(self.topics)
 
     def subscriptions_of(self, queue: MessageQueue) -> list[Subscription]:
         return [sub for sub in self.durables.values() if sub.queue is queue]
@@ -562,7 +614,8 @@ class Broker:
                     max_seq = max(max_seq, seq)
                 continue
             queue = self.queue(destination)
-            mark = queue.delivered_mark = marks.get(destination, 0)
+            mark = marks.get(destination, 0)
+            queue.restore_mark(mark)
             usage = self.store_usage
             for seq, data in store.iter_messages(destination):
                 max_seq = max(max_seq, seq)
@@ -579,23 +632,22 @@ class Broker:
             queue_key, seq_text = key.rsplit("\0", 1)
             seq = int(seq_text)
             topic = raw.decode()
-            queue = self.durable_queues.get(queue_key)
-            if (topic, seq) not in topic_stored or queue is None:
+            held = self.durable_queues.get(queue_key)
+            if (topic, seq) not in topic_stored or held is None:
                 store.delete_record(DURABLE_REF_KIND, key)  # a reference left by a crash
                 continue
             mark = marks.get(queue_key, 0)
-            queue.delivered_mark = max(queue.delivered_mark, mark)
-            first_ref = seq not in self.topic_messages.refs
-            if queue.over_memory():
-                queue.restore_paged(seq)
+            held.restore_mark(mark)
+            first_ref = self.topic_messages.restore_ref(seq)
+            if held.over_memory():
+                held.restore_paged(seq)
                 size = RECORD_OVERHEAD
             else:
                 message = decode_message(store.get_message(topic, seq))  # type: ignore[arg-type]
-                queue.restore(Entry(message, seq, redeliveries=1 if seq <= mark else 0))
+                held.restore(Entry(message, seq, redeliveries=1 if seq <= mark else 0))
                 size = len(message.body) + RECORD_OVERHEAD
             if first_ref:
                 self.store_usage.add(size)
-            self.topic_messages.refs[seq] = self.topic_messages.refs.get(seq, 0) + 1
             referenced.add((topic, seq))
         for (topic, seq) in topic_stored - referenced:
             store.delete_message(topic, seq)  # nobody holds it any more
@@ -619,3 +671,10 @@ def _selector_text(sub: Subscription) -> str | None:
     if selector is None:
         return None
     return getattr(selector, "text", None) or None
+
+
+def _options_record(options: Options | None) -> dict[str, Any] | None:
+    """What a durable subscription's options are stored as (JSON)."""
+    if options is None or isinstance(options, dict):
+        return options
+    return options.record()

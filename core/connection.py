@@ -7,7 +7,7 @@ client held but did not acknowledge.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from core import destination as dest
 from core.consumer import AckMode, Consumer, Sink
@@ -20,13 +20,66 @@ from core.errors import (
     UnknownTransaction,
 )
 from core.message import Message
+from core.queue import Host as QueueHost
 from core.queue import MessageQueue
-from core.selector import SelectorError, compile_selector
+from core.selector import Selector, SelectorError, compile_selector
 from core.topic import Subscription
 
 if TYPE_CHECKING:
-    from core.broker import Broker
+    from core.stream import Stream
     from core.stream_feed import StreamFeed
+
+
+class Host(QueueHost, Protocol):
+    """What a connection needs from its broker (beyond what the queues it makes need).
+
+    The broker keeps its own tables (connections, durable subscriptions,
+    temporary queues, streams); a connection asks and tells through these.
+    """
+
+    # -- destinations and routing
+    def check_name(self, destination: str, allow_wildcards: bool) -> None: ...
+
+    def check_destination(self, destination: str) -> None: ...
+
+    def send(self, message: Message, delay_ms: int = 0) -> None: ...
+
+    def retain(self, message: Message, bounded: bool = True) -> None: ...
+
+    def queue(self, name: str) -> MessageQueue: ...
+
+    def create_temp_queue(self, owner: Connection, name: str) -> str: ...
+
+    def delete_temp_queue(self, canonical: str) -> None: ...
+
+    def temp_queue_owner(self, canonical: str) -> str | None: ...
+
+    def stream(self, name: str) -> Stream: ...
+
+    # -- topic subscriptions
+    def add_subscription(
+        self, queue: MessageQueue, destination: str, *, selector: Selector | None = None, no_local: bool = False,
+        owner_id: str | None = None,
+    ) -> Subscription: ...
+
+    def remove_subscription(self, sub: Subscription) -> None: ...
+
+    def durable(self, key: str) -> Subscription | None: ...
+
+    def durable_subscription(
+        self, key: str, destination: str, selector_text: str | None, selector: Selector | None, no_local: bool,
+    ) -> Subscription: ...
+
+    def remove_durable(self, key: str) -> bool: ...
+
+    def replay(self, filter_levels: tuple[str, ...]) -> list[tuple[int, Message]]: ...
+
+    # -- acknowledgements, durability, life
+    def redeliver(self, queue: MessageQueue, entries: list[Entry], reason: str) -> None: ...
+
+    def when_durable(self, callback: Callable[[], None]) -> None: ...
+
+    def forget_connection(self, connection: Connection) -> None: ...
 
 
 class Transaction:
@@ -42,7 +95,7 @@ class Transaction:
 
 
 class Connection:
-    def __init__(self, broker: "Broker", id: str, client_id: str | None, protocol: str = "", remote: str = "") -> None:
+    def __init__(self, broker: Host, id: str, client_id: str | None, protocol: str = "", remote: str = "") -> None:
         self.broker = broker
         self.id = id
         self.client_id = client_id
@@ -71,7 +124,7 @@ class Connection:
             if not message.destination.startswith("topic://"):
                 raise BrokerError("only topic messages can be retained")
             self.broker.retain(message)
-        if message.destination.startswith("temp-queue://") and message.destination not in self.broker.queues:
+        if message.destination.startswith("temp-queue://") and self.broker.temp_queue_owner(message.destination) is None:
             raise UnknownDestination(f"temporary queue {message.destination} does not exist (its owner has gone)")
         message.origin = self.identity
         if transaction is not None:
@@ -124,27 +177,25 @@ class Connection:
                 if not self.client_id:
                     raise SubscriptionError("a durable subscription needs a client id on the connection")
                 key = f"{self.client_id}:{durable_name}"
-                prior = broker.durables.get(key)
+                prior = broker.durable(key)
                 sub = broker.durable_subscription(key, destination, selector, compiled, no_local)
                 # A returning subscriber kept receiving while away: replaying would duplicate.
                 retroactive = retroactive and sub is not prior
                 if sub.queue.consumers:
                     raise SubscriptionError(f"durable subscription {durable_name!r} of client {self.client_id!r} is already active")
+                sub.owner_id = self.identity
             else:
                 queue = MessageQueue(f"subscription://{consumer_id}", broker)
-                sub = Subscription(queue, destination, selector=compiled, no_local=no_local)
-            sub.owner_id = self.identity
+                sub = broker.add_subscription(queue, destination, selector=compiled, no_local=no_local, owner_id=self.identity)
             if retroactive:
-                for seq, message in broker.topics.replay(sub.levels):
+                for seq, message in broker.replay(sub.levels):
                     if sub.wants(message):
                         sub.queue.enqueue(Entry(message, seq))
-            if not durable_name:
-                broker.topics.add(sub)
             consumer = Consumer(consumer_id, self, sub.queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
             self.subscriptions[consumer] = sub
         else:
             if destination.startswith("temp-queue://"):
-                owner = broker.temp_owners.get(destination)
+                owner = broker.temp_queue_owner(destination)
                 if owner is None:
                     raise UnknownDestination(f"temporary queue {destination} does not exist")
                 if owner != self.id:
@@ -166,7 +217,7 @@ class Connection:
         from core.stream_feed import StreamFeed, resolve_offsets  # pyarrow: loaded with the first stream
 
         broker = self.broker
-        stream = broker.streams.get(dest.name_of(destination))
+        stream = broker.stream(dest.name_of(destination))
         if partition is not None:
             stream.partition(partition)  # an unknown partition is refused here
         try:
@@ -174,10 +225,10 @@ class Connection:
         except ValueError as exc:
             raise SubscriptionError(str(exc)) from None
         consumer_id = f"{self.id}/{next(self._consumer_ids)}"
-        queue = MessageQueue(f"stream-feed://{stream.name}/{consumer_id}", broker)
-        queue.max_redeliveries = -1  # a stream record is never dead-lettered: it stays in the log
+        # A stream record is never dead-lettered (max_redeliveries -1): it stays in the log.
+        queue = MessageQueue(f"stream-feed://{stream.name}/{consumer_id}", broker, max_redeliveries=-1)
         feed = StreamFeed(stream, queue, positions)
-        queue.refill = feed.fill
+        queue.refill_from(feed.fill)
         prefetch = broker.policy.default_prefetch if prefetch is None else prefetch
         consumer = Consumer(consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
         self.consumers[consumer_id] = consumer
@@ -206,24 +257,24 @@ class Connection:
         feed = self.feeds.pop(consumer, None)
         if feed is not None:
             feed.close()  # what it held unacknowledged is still in the stream
-            queue.pending.clear()
+            queue.purge()  # and so is what it had read ahead (the queue is unstored: nothing to delete)
             return
         sub = self.subscriptions.pop(consumer, None)
         if sub is not None and sub.durable_key is None:
             # A plain topic subscription ends with its consumer; what it held is gone.
-            self.broker.topics.remove(sub)
+            self.broker.remove_subscription(sub)
             return
         if unacked:
             self.broker.redeliver(queue, unacked, "consumer closed")
         if sub is not None and remove_durable:
-            self.broker.remove_durable(sub.durable_key)  # type: ignore[arg-type]
+            self.broker.remove_subscription(sub)  # durable here: removes it and, with its last one, its queue
 
     def remove_durable(self, name: str) -> bool:
         """Drop an inactive durable subscription of this client (UNSUBSCRIBE by name)."""
         if not self.client_id:
             raise SubscriptionError("removing a durable subscription needs a client id on the connection")
         key = f"{self.client_id}:{name}"
-        sub = self.broker.durables.get(key)
+        sub = self.broker.durable(key)
         if sub is None:
             return False
         if sub.queue.consumers:
@@ -295,7 +346,7 @@ class Connection:
     # -- flow and life --------------------------------------------------
 
     def when_durable(self, callback: Callable[[], None]) -> None:
-        self.broker.store.when_durable(callback)
+        self.broker.when_durable(callback)
 
     def pause(self) -> None:
         self.writable = False
@@ -317,7 +368,7 @@ class Connection:
         for name in self.temp_queues:
             self.broker.delete_temp_queue(name)
         self.temp_queues.clear()
-        self.broker.connections.pop(self.id, None)
+        self.broker.forget_connection(self)
 
 
 def _by_queue(pairs: list[tuple[MessageQueue, Entry]]) -> list[tuple[MessageQueue, list[Entry]]]:

@@ -29,6 +29,9 @@ Sink = Callable[["Consumer", "Entry", int], "bool | None"]
 
 
 class Consumer:
+    """Of its queue a consumer uses ``note_delivered`` and ``settle`` only; the queue
+    hands it message groups (``own_group``, ``release_group``) and ``detach``es it."""
+
     __slots__ = (
         "id", "owner", "queue", "ack_mode", "prefetch", "selector", "exclusive",
         "sink", "unacked", "next_tag", "groups", "closed", "handle",
@@ -72,11 +75,10 @@ class Consumer:
         return selector is None or selector.matches(entry.message.lookup)
 
     def deliver(self, entry: "Entry") -> None:
+        """Hand an entry to the session (the queue counted it as sent)."""
         queue = self.queue
-        queue.host.messages_sent += 1
-        if entry.stored and entry.seq > queue.delivered_mark:
-            queue.delivered_mark = entry.seq
-            queue.host.delivered(queue, entry.seq)
+        if entry.stored:
+            queue.note_delivered(entry)
         tag = self.next_tag
         self.next_tag = tag + 1
         if self.ack_mode is AckMode.AUTO:
@@ -89,6 +91,28 @@ class Consumer:
                 # The session needs no ack for this one (MQTT QoS 0): settled as it goes out.
                 queue.settle(entry)
 
+    def held(self) -> int:
+        """How many deliveries await an ack."""
+        return len(self.unacked)
+
+    def own_group(self, group: str) -> None:
+        """The queue gave this consumer a message group."""
+        self.groups.add(group)
+
+    def release_group(self, group: str) -> None:
+        """The queue took a message group back (closed, or moved to another consumer)."""
+        self.groups.discard(group)
+
+    def detach(self) -> tuple[list[str], list[Entry]]:
+        """Leave the queue for good: returns the groups it owned and its unacked
+        entries (oldest first), and holds neither any more."""
+        self.closed = True
+        groups = list(self.groups)
+        self.groups.clear()
+        unacked = list(self.unacked.values())
+        self.unacked.clear()
+        return groups, unacked
+
     def take(self, tag: int) -> list["Entry"]:
         """Remove and return what an ack or nack of ``tag`` covers.
 
@@ -99,7 +123,7 @@ class Consumer:
         if tag not in unacked:
             return []
         if self.ack_mode is AckMode.CLIENT:
-            taken = []
+            taken: list[Entry] = []
             for t in list(unacked):
                 taken.append(unacked.pop(t))
                 if t == tag:

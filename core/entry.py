@@ -1,14 +1,38 @@
 """Delivery state kept beside a message, one per message per queue or subscription."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeAlias
+
 from core.message import Message
+
+if TYPE_CHECKING:
+    from core.topic import Subscription
+
+
+class ViaMarker:
+    """Base of a protocol's own answer to "why did this entry reach the queue?".
+
+    The core routes with subscriptions; a protocol that puts entries into a
+    queue itself for another reason (MQTT's retained messages sent because
+    of a SUBSCRIBE) derives a marker from this and sets it as ``Entry.via``.
+    The core never looks inside one.
+    """
+
+    __slots__ = ()
+
+
+# What brought an entry to its queue: the topic subscription that matched, a
+# tuple of them when several filters of one queue matched (MQTT needs them for
+# the granted QoS and subscription identifiers), a protocol's marker, or None
+# (sent to a queue, or recovered from the store).
+Via: TypeAlias = "Subscription | tuple[Subscription, ...] | ViaMarker | None"
 
 
 class Entry:
     __slots__ = ("message", "seq", "redeliveries", "stored", "via")
 
     def __init__(
-        self, message: Message, seq: int, redeliveries: int = 0, stored: bool = False, via: object = None,
+        self, message: Message, seq: int, redeliveries: int = 0, stored: bool = False, via: Via = None,
     ) -> None:
         self.message = message
         # Broker-wide sequence: the message's key in the store and its FIFO rank.
@@ -16,10 +40,7 @@ class Entry:
         self.redeliveries = redeliveries
         # Whether this entry's queue holds it in the store (to delete it on ack).
         self.stored = stored
-        # The topic subscription(s) that brought the message to this queue: one
-        # Subscription, or a tuple when several filters of one queue matched
-        # (MQTT needs them for the granted QoS and subscription identifiers).
-        self.via = via
+        self.via: Via = via
 
     def __repr__(self) -> str:
         return f"<Entry {self.seq} {self.message.id} r={self.redeliveries}>"

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from core.consumer import Consumer
 from core.entry import Entry
 from core.message import Message, decode_message, encode_message
 from core.policy import Policy
-
-if TYPE_CHECKING:
-    pass
+from persistence.store import Store
 
 PRIORITIES = 10
 # What an entry costs in memory beyond its body (the Entry, Message and dicts), roughly.
@@ -38,7 +37,7 @@ class Storage(Protocol):
     """Where a queue keeps its persistent entries (queue range, or durable refs)."""
 
     key: str
-    store: Any
+    store: Store
 
     def add(self, entry: Entry) -> None: ...
 
@@ -48,10 +47,12 @@ class Storage(Protocol):
 
 
 class Host(Protocol):
+    """What a queue needs from its broker."""
+
     policy: Policy
-    messages_sent: int
-    spill: Any  # a Store for non-persistent messages beyond memory, or None
-    store: Any
+    messages_sent: int  # counted by the queue as it hands entries to consumers
+    spill: Store | None  # where non-persistent messages beyond memory wait, if anywhere
+    store: Store
     memory: "MemoryUsage"
 
     def delivered(self, queue: "MessageQueue", seq: int) -> None: ...
@@ -60,8 +61,6 @@ class Host(Protocol):
 
     def expired(self, queue: "MessageQueue", entry: Entry) -> None: ...
 
-
-_UNUSED: tuple = ()
 
 # A queue with a refill source asks for more below this many pending entries.
 REFILL_BELOW = 128
@@ -99,17 +98,17 @@ class Pending:
         self.usage = usage if usage is not None else MemoryUsage()
         # A deque is ~760 bytes even when empty and most queues only ever see one
         # priority (an idle MQTT client has a queue of its own): levels start as
-        # the shared empty tuple and get a deque on first use.
-        self.levels: list[deque[Entry] | tuple] = [_UNUSED] * PRIORITIES
+        # None and get a deque on first use.
+        self.levels: list[deque[Entry] | None] = [None] * PRIORITIES
         self.size = 0
         self.bytes = 0  # what the entries cost in memory, for the queue's memory limit
 
     def append(self, entry: Entry) -> None:
         p = entry.message.priority
         level = self.levels[p]
-        if level is _UNUSED:
+        if level is None:
             level = self.levels[p] = deque()
-        level.append(entry)  # type: ignore[union-attr]
+        level.append(entry)
         self.size += 1
         c = cost(entry)
         self.bytes += c
@@ -121,9 +120,9 @@ class Pending:
         for entry in reversed(entries):
             p = entry.message.priority
             level = levels[p]
-            if level is _UNUSED:
+            if level is None:
                 level = levels[p] = deque()
-            level.appendleft(entry)  # type: ignore[union-attr]
+            level.appendleft(entry)
             c = cost(entry)
             self.bytes += c
             self.usage.bytes += c
@@ -148,14 +147,16 @@ class Pending:
 
     def __iter__(self) -> Iterator[Entry]:
         for p in range(PRIORITIES - 1, -1, -1):
-            yield from self.levels[p]
+            level = self.levels[p]
+            if level:
+                yield from level
 
     def __len__(self) -> int:
         return self.size
 
     def clear(self) -> list[Entry]:
         out = list(self)
-        self.levels = [_UNUSED] * PRIORITIES
+        self.levels = [None] * PRIORITIES
         self.size = 0
         self.usage.bytes -= self.bytes
         self.bytes = 0
@@ -163,7 +164,9 @@ class Pending:
 
 
 class MessageQueue:
-    def __init__(self, name: str, host: Host, storage: Storage | None = None) -> None:
+    def __init__(
+        self, name: str, host: Host, storage: Storage | None = None, *, max_redeliveries: int | None = None,
+    ) -> None:
         self.name = name
         self.host = host
         self.storage = storage
@@ -174,7 +177,7 @@ class MessageQueue:
         self.dequeued = 0
         # Overrides the policy's max_redeliveries for this queue (-1: never dead-letter);
         # MQTT session queues use it, since a reconnect is not a failed delivery there.
-        self.max_redeliveries: int | None = None
+        self.max_redeliveries = max_redeliveries
         # Highest stored seq ever handed to a consumer: after a crash, entries up to
         # it may have been seen and come back flagged redelivered (JMS's hint).
         self.delivered_mark = 0
@@ -193,7 +196,7 @@ class MessageQueue:
         self._busy = False
         self._again = False
         # Called after a dispatch pass leaves fewer than REFILL_BELOW pending (a stream feed tops it up).
-        self.refill: Any = None
+        self.refill: Callable[[], None] | None = None
 
     # -- state ----------------------------------------------------------
 
@@ -202,7 +205,7 @@ class MessageQueue:
 
     @property
     def inflight(self) -> int:
-        return sum(len(c.unacked) for c in self.consumers)
+        return sum(c.held() for c in self.consumers)
 
     def messages(self) -> list[Entry]:
         """Pending entries in the order they would be delivered (for browsing)."""
@@ -225,6 +228,7 @@ class MessageQueue:
             # consumer with credit, without a trip through the pending deques.
             consumer = self._next_with_credit(self.consumers, entry)
             if consumer is not None:
+                self.host.messages_sent += 1
                 consumer.deliver(entry)
                 return
         if self.memory_limit and self._page_out(entry):
@@ -249,6 +253,10 @@ class MessageQueue:
             self._uses_groups = True
         if entry.message.expiration:
             self._may_expire = True
+
+    def restore_mark(self, mark: int) -> None:
+        """The delivered mark found in the store at recovery (the highest one wins)."""
+        self.delivered_mark = max(self.delivered_mark, mark)
 
     def restore_paged(self, seq: int) -> None:
         """Count a stored entry left in the store at recovery (beyond the memory limit)."""
@@ -284,7 +292,7 @@ class MessageQueue:
     def _page_in(self) -> None:
         """Bring paged entries back, oldest first, up to the memory limit: from the
         store and the spill store, merged by sequence."""
-        sources = []
+        sources: list[Iterator[tuple[int, Message, bool]]] = []
         # Reads see only written batches, and frames waiting for the store's sync
         # reach the socket: a consumer that cannot keep up is paused before more
         # is loaded for it (otherwise its backlog would move into its outbox).
@@ -312,8 +320,8 @@ class MessageQueue:
                 exhausted = False
                 break
             entry = Entry(message, seq, redeliveries=1 if stored and seq <= mark else 0, stored=stored)
-            if not stored:
-                spill.delete_message(self.name, seq)  # type: ignore[union-attr]
+            if not stored and spill is not None:  # not stored: it came from the spill store
+                spill.delete_message(self.name, seq)
                 self.spilled -= 1
             self.pending.append(entry)
             if message.group_id is not None:
@@ -337,6 +345,23 @@ class MessageQueue:
             if entry.message.expiration:
                 self._may_expire = True
         self.dispatch()
+
+    def refilled(self, entries: Iterable[Entry]) -> None:
+        """Entries a refill source (a stream feed) adds behind the pending ones; not dispatched yet."""
+        append = self.pending.append
+        for entry in entries:
+            append(entry)
+
+    def refill_from(self, refill: Callable[[], None]) -> None:
+        """Call ``refill`` whenever a dispatch pass leaves fewer than REFILL_BELOW pending."""
+        self.refill = refill
+
+    def note_delivered(self, entry: Entry) -> None:
+        """A stored entry goes out: raise the delivered mark, which the broker writes with the batch."""
+        seq = entry.seq
+        if seq > self.delivered_mark:
+            self.delivered_mark = seq
+            self.host.delivered(self, seq)
 
     def settle(self, entry: Entry) -> None:
         """An entry is done with (acked, dead-lettered, expired): drop it from the store."""
@@ -363,13 +388,10 @@ class MessageQueue:
                 self._selectors -= 1
             if consumer.exclusive:
                 self._exclusives -= 1
-        consumer.closed = True
-        for group in consumer.groups:
+        groups, unacked = consumer.detach()
+        for group in groups:
             if self.groups.get(group) is consumer:
                 del self.groups[group]
-        consumer.groups.clear()
-        unacked = list(consumer.unacked.values())
-        consumer.unacked.clear()
         return unacked
 
     def active_consumers(self) -> list[Consumer]:
@@ -415,8 +437,9 @@ class MessageQueue:
 
     def _dispatch_simple(self, targets: list[Consumer]) -> None:
         pending = self.pending
+        host = self.host
         n = len(targets)
-        now = self.host.now_ms() if self._may_expire else 0
+        now = host.now_ms() if self._may_expire else 0
         misses = 0
         while pending.size and misses < n:
             consumer = targets[self._rr % n]
@@ -428,8 +451,9 @@ class MessageQueue:
             entry = pending.popleft()
             expiration = entry.message.expiration
             if expiration and expiration <= now:
-                self.host.expired(self, entry)
+                host.expired(self, entry)
                 continue
+            host.messages_sent += 1
             consumer.deliver(entry)
             if len(targets) != n:  # a delivery closed a consumer (e.g. its socket failed)
                 return
@@ -455,16 +479,17 @@ class MessageQueue:
                 return None  # the group waits for its owner, in order
             # The owner is a standby now (an exclusive consumer arrived): regroup.
             del self.groups[group]
-            owner.groups.discard(group)
+            owner.release_group(group)
         consumer = self._next_with_credit(targets, entry)
         if consumer is not None and entry.message.group_seq != -1:
             self.groups[group] = consumer
-            consumer.groups.add(group)
+            consumer.own_group(group)
         return consumer
 
     def _dispatch_scan(self, targets: list[Consumer]) -> None:
-        budget = self.host.policy.max_page_size
-        now = self.host.now_ms() if self._may_expire else 0
+        host = self.host
+        budget = host.policy.max_page_size
+        now = host.now_ms() if self._may_expire else 0
         pending = self.pending
         for p in range(PRIORITIES - 1, -1, -1):
             level = pending.levels[p]
@@ -480,7 +505,7 @@ class MessageQueue:
                 message = entry.message
                 if message.expiration and message.expiration <= now:
                     pending.taken(entry)
-                    self.host.expired(self, entry)
+                    host.expired(self, entry)
                     continue
                 consumer = self._choose(targets, entry)
                 if consumer is None:
@@ -491,7 +516,8 @@ class MessageQueue:
                     # The last message of a group closes it: the next one starts afresh.
                     owner = self.groups.pop(message.group_id, None)
                     if owner is not None:
-                        owner.groups.discard(message.group_id)
+                        owner.release_group(message.group_id)
+                host.messages_sent += 1
                 consumer.deliver(entry)
             level.extendleft(reversed(kept))
             if budget <= 0:
@@ -510,7 +536,7 @@ class MessageQueue:
         for level in self.pending.levels:
             if not level:
                 continue
-            kept = deque()
+            kept: deque[Entry] = deque()
             for entry in level:
                 expiration = entry.message.expiration
                 if expiration and expiration <= now_ms:
@@ -528,8 +554,10 @@ class MessageQueue:
 
     def remove_seqs(self, seqs: set[int]) -> list[Entry]:
         """Take pending entries out by sequence (rare: MQTT flows finished before a restart)."""
-        removed = []
+        removed: list[Entry] = []
         for level in self.pending.levels:
+            if not level:
+                continue
             kept = [e for e in level if e.seq not in seqs]
             if len(kept) != len(level):
                 removed.extend(e for e in level if e.seq in seqs)

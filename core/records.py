@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import array
 import struct
-from typing import Iterable, NamedTuple
+from dataclasses import dataclass
+from typing import Iterable, cast
 
 import pyarrow as pa
 
@@ -48,7 +49,8 @@ class ChunkFormatError(ValueError):
     """A stored chunk this version cannot read."""
 
 
-class ChunkHeader(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ChunkHeader:
     count: int
     first_ts: int
     last_ts: int
@@ -73,7 +75,7 @@ def build_batch(
 
 
 def encode_chunk(batch: pa.RecordBatch, first_ts: int, last_ts: int) -> bytes:
-    return _HEADER.pack(_MAGIC, _VERSION, batch.num_rows, first_ts, last_ts) + batch.serialize().to_pybytes()
+    return _HEADER.pack(_MAGIC, _VERSION, batch.num_rows, first_ts, last_ts) + serialize(batch)
 
 
 def chunk_header(data: bytes) -> ChunkHeader:
@@ -107,4 +109,4 @@ def ipc_stream(messages: Iterable[bytes | memoryview]) -> list[bytes | memoryvie
 
 def serialize(batch: pa.RecordBatch) -> bytes:
     """A batch (a trimmed end of a range) as an IPC message."""
-    return batch.serialize().to_pybytes()
+    return cast(bytes, batch.serialize().to_pybytes())  # pyarrow is untyped

@@ -52,7 +52,8 @@ def _unpack(data: bytes) -> Message:
 
 
 def _expiration(data: bytes) -> int:
-    return _EXPIRATION.unpack_from(data, _message_start(data) + _EXPIRATION_AT)[0]
+    expiration: int = _EXPIRATION.unpack_from(data, _message_start(data) + _EXPIRATION_AT)[0]
+    return expiration
 
 
 class RetainedLimit(BrokerError):

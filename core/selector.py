@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 __all__ = ["Selector", "SelectorError", "compile_selector"]
 
@@ -82,10 +82,9 @@ def _str_num(s: str) -> int | float | None:
 
 
 def _num(v: object) -> int | float | None:
-    t = type(v)
-    if t is int or t is float:
+    if type(v) is int or type(v) is float:
         return v
-    if t is str:
+    if type(v) is str:
         return _str_num(v)
     return None
 
@@ -121,9 +120,9 @@ def _eq(a: object, b: object) -> bool | None:
     ta, tb = type(a), type(b)
     if ta is tb:
         return a == b
-    if ta is str:
+    if type(a) is str:
         return _eq_str(a, b)
-    if tb is str:
+    if type(b) is str:
         return _eq_str(b, a)
     if ta is bool or tb is bool:
         return None
@@ -146,19 +145,24 @@ def _order_pair(a: object, b: object) -> tuple[object, object] | None:
     ta, tb = type(a), type(b)
     if ta is bool or tb is bool:
         return None
-    if ta is str and tb is not str:
-        a = _str_num(a)
-        return None if a is None else (a, b)
-    if tb is str and ta is not str:
-        b = _str_num(b)
-        return None if b is None else (a, b)
+    if type(a) is str and tb is not str:
+        x = _str_num(a)
+        return None if x is None else (x, b)
+    if type(b) is str and ta is not str:
+        y = _str_num(b)
+        return None if y is None else (a, y)
     return a, b
 
 
 _ORDERABLE = frozenset({int, float, str})
 
 
-def _ordering(op: Callable[[object, object], bool]) -> Callable[[object, object], bool | None]:
+# An ordering operator (operator.lt, ...), applied to two values of one
+# orderable type: numbers, or two strings.
+_Order = Callable[[Any, Any], bool]
+
+
+def _ordering(op: _Order) -> Callable[[object, object], bool | None]:
     def compare(a: object, b: object) -> bool | None:
         t = type(a)
         if t is type(b) and t in _ORDERABLE:
@@ -205,7 +209,7 @@ def _mod(a: int | float, b: int | float) -> int | float | None:
     return math.fmod(a, b)
 
 
-def _arith(op: Callable[[object, object], object]) -> Callable[[object, object], object]:
+def _arith(op: Callable[[float, float], object]) -> Callable[[object, object], object]:
     def apply(a: object, b: object) -> object:
         x, y = _num(a), _num(b)
         if x is None or y is None:
@@ -241,17 +245,20 @@ _NUMBER_RE = re.compile(r"""
 
 
 class _Tok:
-    __slots__ = ("kind", "value", "col", "raw")
+    """A token: ``text`` is a string literal's value, an identifier, a keyword
+    (upper case) or an operator; ``number`` a numeric literal's value."""
 
-    def __init__(self, kind: str, value: object, col: int, raw: str) -> None:
-        self.kind, self.value, self.col, self.raw = kind, value, col, raw
+    __slots__ = ("kind", "text", "number", "col", "raw")
+
+    def __init__(self, kind: str, text: str, col: int, raw: str, number: float = 0) -> None:  # float: int or float
+        self.kind, self.text, self.number, self.col, self.raw = kind, text, number, col, raw
 
 
 def _is_part(ch: str) -> bool:
     return ch.isalnum() or ch in "_$."
 
 
-def _number(text: str, i: int) -> tuple[object, int]:
+def _number(text: str, i: int) -> tuple[int | float, int]:
     col = i + 1
     m = _NUMBER_RE.match(text, i)
     assert m is not None  # the caller saw a digit, or '.' and a digit
@@ -300,7 +307,7 @@ def _tokenize(text: str) -> list[_Tok]:
             toks.append(_Tok(_STR, "".join(parts), col, text[col - 1:i]))
         elif "0" <= ch <= "9" or (ch == "." and i + 1 < n and "0" <= text[i + 1] <= "9"):
             value, end = _number(text, i)
-            toks.append(_Tok(_NUMBER, value, col, text[i:end]))
+            toks.append(_Tok(_NUMBER, text[i:end], col, text[i:end], value))
             i = end
         elif ch.isalpha() or ch in "_$":
             j = i + 1
@@ -321,7 +328,7 @@ def _tokenize(text: str) -> list[_Tok]:
             i += 1
         else:
             raise SelectorError(f"unexpected character {ch!r}", col)
-    toks.append(_Tok(_EOF, None, n + 1, ""))
+    toks.append(_Tok(_EOF, "", n + 1, ""))
     return toks
 
 
@@ -343,14 +350,14 @@ def _const(value: object, kind: str, col: int) -> _Node:
     return _Node(lambda _lookup: value, kind, col, value)
 
 
-def _map1(op: Callable, a: _Node, kind: str, col: int) -> _Node:
+def _map1(op: Callable[[object], object], a: _Node, kind: str, col: int) -> _Node:
     if a.const is not _NC:
         return _const(op(a.const), kind, col)
     f = a.fn
     return _Node(lambda lk: op(f(lk)), kind, col)
 
 
-def _map2(op: Callable, a: _Node, b: _Node, kind: str, col: int) -> _Node:
+def _map2(op: Callable[[object, object], object], a: _Node, b: _Node, kind: str, col: int) -> _Node:
     ac, bc, f, g = a.const, b.const, a.fn, b.fn
     if ac is not _NC and bc is not _NC:
         return _const(op(ac, bc), kind, col)
@@ -361,7 +368,7 @@ def _map2(op: Callable, a: _Node, b: _Node, kind: str, col: int) -> _Node:
     return _Node(lambda lk: op(f(lk), g(lk)), kind, col)
 
 
-def _chain(operands: list[_Node], ops: list[Callable], col: int) -> _Node:
+def _chain(operands: list[_Node], ops: list[Callable[[object, object], object]], col: int) -> _Node:
     """`a + b - c ...` as one loop rather than nested closures, so a long
     chain cannot exhaust the stack at match time."""
     if len(ops) == 1:
@@ -454,7 +461,7 @@ def _in(strings: frozenset[str], numbers: frozenset[int | float]) -> Callable[[o
     numeric value, and a numeric-looking string against those numbers."""
     def member(v: object) -> bool | None:
         t = type(v)
-        if t is str:
+        if type(v) is str:
             if v in strings:
                 return True
             if numbers:
@@ -504,7 +511,7 @@ class _Parser:
 
     def _at(self, kind: str, *values: str) -> bool:
         tok = self.toks[self.pos]
-        return tok.kind is kind and tok.value in values
+        return tok.kind is kind and tok.text in values
 
     def _expect(self, kind: str, value: str) -> None:
         if not self._at(kind, value):
@@ -567,19 +574,19 @@ class _Parser:
     def _predicate(self) -> _Node:
         left = self._additive()
         tok = self.toks[self.pos]
-        if tok.kind is _OP and tok.value in _COMPARE:
+        if tok.kind is _OP and tok.text in _COMPARE:
             self.pos += 1
             right = self._additive()
-            return _map2(_COMPARE[tok.value], left, right, "bool", left.col)
+            return _map2(_COMPARE[tok.text], left, right, "bool", left.col)
         if tok.kind is not _KW:
             return left
-        negated = tok.value == "NOT"
+        negated = tok.text == "NOT"
         if negated:
             tok = self.toks[self.pos + 1]
-            if not (tok.kind is _KW and tok.value in ("LIKE", "BETWEEN", "IN")):
+            if not (tok.kind is _KW and tok.text in ("LIKE", "BETWEEN", "IN")):
                 self._fail(tok, "LIKE, BETWEEN or IN after NOT")
             self.pos += 1
-        if tok.value == "BETWEEN":
+        if tok.text == "BETWEEN":
             self.pos += 1
             low = self._additive()
             self._expect(_KW, "AND")
@@ -589,13 +596,13 @@ class _Parser:
             else:
                 f, g, h = left.fn, low.fn, high.fn
                 node = _Node(lambda lk: _between(f(lk), g(lk), h(lk)), "bool", left.col)
-        elif tok.value == "IN":
+        elif tok.text == "IN":
             self.pos += 1
             node = _map1(self._in_list(), left, "bool", left.col)
-        elif tok.value == "LIKE":
+        elif tok.text == "LIKE":
             self.pos += 1
             node = _map1(self._like_pattern(), left, "bool", left.col)
-        elif tok.value == "IS":
+        elif tok.text == "IS":
             self.pos += 1
             is_not = self._at(_KW, "NOT")
             self.pos += is_not
@@ -615,16 +622,16 @@ class _Parser:
         while True:
             tok = self.toks[self.pos]
             sign = 1
-            if tok.kind is _OP and tok.value in ("+", "-"):
-                sign = -1 if tok.value == "-" else 1
+            if tok.kind is _OP and tok.text in ("+", "-"):
+                sign = -1 if tok.text == "-" else 1
                 self.pos += 1
                 tok = self.toks[self.pos]
                 if tok.kind is not _NUMBER:
                     self._fail(tok, "a numeric literal")
             if tok.kind is _STR:
-                strings.add(tok.value)
+                strings.add(tok.text)
             elif tok.kind is _NUMBER:
-                numbers.add(sign * tok.value)
+                numbers.add(sign * tok.number)
             else:
                 self._fail(tok, "a string or numeric literal")
             self.pos += 1
@@ -646,11 +653,11 @@ class _Parser:
             esc = self.toks[self.pos]
             if esc.kind is not _STR:
                 self._fail(esc, "a string literal escape character")
-            if len(esc.value) != 1:
+            if len(esc.text) != 1:
                 raise SelectorError("ESCAPE must be exactly one character", esc.col)
             self.pos += 1
-            escape = esc.value
-        return _like(_like_regex(pat.value, escape, pat.col))
+            escape = esc.text
+        return _like(_like_regex(pat.text, escape, pat.col))
 
     def _additive(self) -> _Node:
         return self._binary_chain(self._multiplicative, ("+", "-"))
@@ -664,7 +671,7 @@ class _Parser:
             return first
         operands, ops = [self._as_num(first)], []
         while self._at(_OP, *symbols):
-            ops.append(_ARITH[self.toks[self.pos].value])
+            ops.append(_ARITH[self.toks[self.pos].text])
             self.pos += 1
             operands.append(self._as_num(operand()))
         return _chain(operands, ops, first.col)
@@ -677,24 +684,24 @@ class _Parser:
         self._enter(tok)
         operand = self._as_num(self._unary())
         self.depth -= 1
-        return _map1(_neg if tok.value == "-" else _num, operand, "num", tok.col)
+        return _map1(_neg if tok.text == "-" else _num, operand, "num", tok.col)
 
     def _primary(self) -> _Node:
         tok = self.toks[self.pos]
         kind = tok.kind
         if kind is _NUMBER:
             self.pos += 1
-            return _const(tok.value, "num", tok.col)
+            return _const(tok.number, "num", tok.col)
         if kind is _STR:
             self.pos += 1
-            return _const(tok.value, "str", tok.col)
+            return _const(tok.text, "str", tok.col)
         if kind is _ID:
             self.pos += 1
-            return _ident(tok.value, tok.col)
-        if kind is _KW and tok.value in ("TRUE", "FALSE"):
+            return _ident(tok.text, tok.col)
+        if kind is _KW and tok.text in ("TRUE", "FALSE"):
             self.pos += 1
-            return _const(tok.value == "TRUE", "bool", tok.col)
-        if kind is _OP and tok.value == "(":
+            return _const(tok.text == "TRUE", "bool", tok.col)
+        if kind is _OP and tok.text == "(":
             self.pos += 1
             self._enter(tok)
             inner = self._or()

@@ -111,6 +111,13 @@ class TopicMessages:
             self.usage.add(stored_size(entry))
         self.refs[entry.seq] = count + 1
 
+    def restore_ref(self, seq: int) -> bool:
+        """Count a reference found in the store at recovery; True for the message's first."""
+        refs = self.refs
+        first = seq not in refs
+        refs[seq] = refs.get(seq, 0) + 1
+        return first
+
     def release(self, entry: Entry) -> None:
         count = self.refs.get(entry.seq, 0) - 1
         if count <= 0:

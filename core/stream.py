@@ -275,6 +275,13 @@ class Stream:
         self.readers: dict[str, Reader] = {}
         self.feeds: set["StreamFeed"] = set()
 
+    def add_feed(self, feed: StreamFeed) -> None:
+        """A consumer following this stream: told of each written batch (``StreamFeed.appended``)."""
+        self.feeds.add(feed)
+
+    def remove_feed(self, feed: StreamFeed) -> None:
+        self.feeds.discard(feed)
+
     def matches(self, destination: str) -> bool:
         scheme, _, name = destination.partition("://")
         levels: tuple[str, ...] | None = None

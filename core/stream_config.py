@@ -7,8 +7,13 @@ never imports pyarrow (about 45 MiB of resident memory): the broker holds a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NoReturn
 
 from core.errors import BrokerError
+
+if TYPE_CHECKING:
+    from core.message import Message
+    from core.stream import Stream
 
 
 class StreamError(BrokerError):
@@ -49,15 +54,28 @@ class StreamSpec:
     reader_lease_seconds: float = 600.0
 
 
-
 class NoStreams:
-    """The broker's streams when none is configured: nothing routes to them, every name is unknown."""
+    """The broker's streams when none is configured: nothing routes to them, every name is unknown.
+
+    It answers what ``core.stream.StreamSet`` answers, so callers need not tell them apart.
+    """
 
     active = False
-    streams: dict = {}
 
-    def get(self, name: str) -> "object":
+    def __init__(self) -> None:
+        self.streams: dict[str, Stream] = {}
+
+    def get(self, name: str) -> NoReturn:
         raise UnknownStream(f"unknown stream {name!r}")
+
+    def append(self, message: Message) -> None:
+        pass  # no stream names any destination (the broker does not even call this: not active)
+
+    def register_reader(self, stream_name: str, reader: str, offsets: dict[int, int]) -> None:
+        self.get(stream_name)
+
+    def forget_reader(self, stream_name: str, reader: str) -> None:
+        self.get(stream_name)
 
     def recover(self) -> None:
         pass

@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from core.entry import Entry
 from core.message import Message
-from core.stream import OffsetOutOfRange, Stream, message_from_record
+from core.stream import Stream, message_from_record
+from core.stream_config import OffsetOutOfRange
 
 if TYPE_CHECKING:
     from core.queue import MessageQueue
@@ -79,19 +80,16 @@ class StreamFeed:
         # Multi-partition streams say which partition an offset belongs to.
         self._tag_partition = len(stream.partitions) > 1
         self.closed = False
-        stream.feeds.add(self)
+        stream.add_feed(self)
 
     def close(self) -> None:
         self.closed = True
-        self.stream.feeds.discard(self)
+        self.stream.remove_feed(self)
 
     def _extra(self, partition: int, offset: int) -> dict[str, str]:
         if self._tag_partition:
             return {"x-stream-offset": str(offset), "x-stream-partition": str(partition)}
         return {"x-stream-offset": str(offset)}
-
-    def _push(self, message: Message) -> None:
-        self.queue.pending.append(Entry(message, next(self._seq)))
 
     def fill(self) -> None:
         """Read from the store until the queue holds a window or every partition is at its end."""
@@ -100,12 +98,12 @@ class StreamFeed:
         self._filling = True
         try:
             queue = self.queue
-            while queue.pending.size < LOW and queue.consumers:
+            while len(queue) < LOW and queue.consumers:
                 loaded = 0
                 for index, position in enumerate(self.positions):
                     if position is None:
                         continue
-                    room = WINDOW - queue.pending.size
+                    room = WINDOW - len(queue)
                     if room <= 0:
                         break
                     loaded += self._read(index, position, room)
@@ -125,13 +123,16 @@ class StreamFeed:
             batches = list(self.stream.batches(index, position, end))
         except OffsetOutOfRange:
             batches = []
+        seqs = self._seq
         for start, batch in batches:
             columns = batch.to_pydict()
             timestamps = batch.column(1).cast(pa.int64()).to_pylist()
-            for i, (ts, destination, message_id, headers, body) in enumerate(zip(
-                timestamps, columns["destination"], columns["message_id"], columns["headers"], columns["body"],
-            )):
-                self._push(message_from_record(destination, message_id, ts, dict(headers), body, self._extra(index, start + i)))
+            self.queue.refilled(
+                Entry(message_from_record(destination, message_id, ts, dict(headers), body, self._extra(index, start + i)), next(seqs))
+                for i, (ts, destination, message_id, headers, body) in enumerate(zip(
+                    timestamps, columns["destination"], columns["message_id"], columns["headers"], columns["body"],
+                ))
+            )
             loaded += batch.num_rows
             position = start + batch.num_rows
         self.positions[index] = position
@@ -143,15 +144,18 @@ class StreamFeed:
         if self.closed or position is None:
             return
         queue = self.queue
-        if position != base or queue.pending.size + len(messages) > WINDOW:
+        if position != base or len(queue) + len(messages) > WINDOW:
             self.fill()  # behind, or full: the store has them
             return
+        seqs = self._seq
+        entries: list[Entry] = []
         for i, (message, ts) in enumerate(zip(messages, timestamps)):
             headers = dict(message.headers)
             if message.expiration:
                 headers["expires"] = str(message.expiration)
             headers.update(self._extra(index, base + i))
             # Offset order, not priority; a log's records do not expire on their way out.
-            self._push(message.copy(headers=headers, timestamp=ts, priority=4, expiration=0, origin=None))
+            entries.append(Entry(message.copy(headers=headers, timestamp=ts, priority=4, expiration=0, origin=None), next(seqs)))
+        queue.refilled(entries)
         self.positions[index] = base + len(messages)
         queue.dispatch()

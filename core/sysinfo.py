@@ -34,10 +34,10 @@ class SysPublisher:
         return {
             "$SYS.broker.version": self.version,
             "$SYS.broker.uptime": f"{uptime} seconds",
-            "$SYS.broker.clients.connected": str(len(broker.connections)),
+            "$SYS.broker.clients.connected": str(broker.connection_count()),
             "$SYS.broker.messages.received": str(broker.messages_received),
             "$SYS.broker.messages.sent": str(broker.messages_sent),
-            "$SYS.broker.subscriptions.count": str(len(broker.topics.trie)),
+            "$SYS.broker.subscriptions.count": str(broker.subscription_count()),
         }
 
     def publish(self) -> None:

@@ -2,12 +2,32 @@
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from typing import Any, Protocol
 
 from core.destination import name_of, topic_levels
 from core.message import Message
 from core.queue import MessageQueue
-from core.selector import Selector
+from core.selector import Lookup
 from core.trie import TopicTrie, filter_matches
+
+
+class MessageFilter(Protocol):
+    """What a subscription's selector does: a JMS selector, or a protocol's own filter (MQTT's AwayFilter)."""
+
+    def matches(self, lookup: Lookup) -> bool: ...
+
+
+class StoredOptions(Protocol):
+    """A protocol's options for a subscription; a durable subscription stores ``record()`` as JSON.
+
+    Recovered from the store they are that record (a dict) until the
+    protocol gives them their type again.
+    """
+
+    def record(self) -> dict[str, Any]: ...
+
+
+Options = StoredOptions | dict[str, Any]
 
 
 class Subscription:
@@ -24,11 +44,11 @@ class Subscription:
         queue: MessageQueue,
         destination: str,
         *,
-        selector: Selector | None = None,
+        selector: MessageFilter | None = None,
         no_local: bool = False,
         owner_id: str | None = None,
         durable_key: str | None = None,
-        options: dict | None = None,
+        options: Options | None = None,
     ) -> None:
         self.queue = queue
         self.destination = destination
@@ -40,6 +60,11 @@ class Subscription:
         # Protocol-specific options, kept (and stored for durable ones) but not
         # interpreted by the core: MQTT's QoS, retain handling, identifiers.
         self.options = options
+
+    def redefine(self, options: Options | None, no_local: bool) -> None:
+        """Other delivery options for the same messages (MQTT QoS, no local, retain handling)."""
+        self.options = options
+        self.no_local = no_local
 
     def wants(self, message: Message) -> bool:
         if self.no_local and message.origin is not None and message.origin == self.owner_id:
@@ -73,6 +98,10 @@ class TopicSpace:
         # again costs one dict lookup, not a trie walk.  Any subscription change
         # empties it, so it never answers with a stale set.
         self.routes: dict[str, tuple[tuple[str, ...], list[Subscription]]] = {}
+
+    def __len__(self) -> int:
+        """How many subscriptions are in the trie."""
+        return len(self.trie)
 
     def add(self, subscription: Subscription) -> None:
         self.trie.add(subscription.levels, subscription)
@@ -119,9 +148,9 @@ class TopicSpace:
                 recent[levels] = window
                 break
             self.recent_bytes -= sum(_remembered(m) for _, m in window)
-        window = recent.get(keep)
-        while window and self.recent_bytes > self.retroactive_memory:
-            self.recent_bytes -= _remembered(window.popleft()[1])
+        kept = recent.get(keep)
+        while kept and self.recent_bytes > self.retroactive_memory:
+            self.recent_bytes -= _remembered(kept.popleft()[1])
 
     def replay(self, filter_levels: tuple[str, ...]) -> list[tuple[int, Message]]:
         """Recent messages of every topic the filter matches, oldest first."""

@@ -26,9 +26,17 @@ import fnmatch
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Literal, cast, overload
 
-from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    ColumnFamily,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 from twisted.logger import Logger
 
 from persistence.store import Store, StoreError
@@ -72,6 +80,16 @@ def _pattern_matches(pattern: str, destination: str) -> bool:
     return len(p_levels) == len(levels)
 
 
+def _raw_items(table: Rdict, from_key: bytes, bound: ReadOptions) -> Iterator[tuple[bytes, bytes]]:
+    """``table.items(...)`` of a raw-mode database, whose keys and values are bytes.
+
+    rocksdict's stubs type every key as ``str | int | float | bytes | bool``
+    (whatever its pickling mode could give back); raw mode only gives bytes,
+    which the stubs cannot say, hence the cast.
+    """
+    return cast("Iterator[tuple[bytes, bytes]]", table.items(from_key=from_key, read_opt=bound))
+
+
 def _options(raw: bool = True) -> Options:
     options = Options(raw_mode=raw)
     options.create_if_missing(True)
@@ -108,11 +126,11 @@ class RocksStore(Store):
                 raise StoreLocked(f"{path} is locked by another broker") from None
             raise StoreError(f"cannot open {path}: {exc}") from None
         self._families = {name: self.db.get_column_family_handle(name) for name in wanted}
-        self._meta_handle = self._families[_META]
+        self._meta_handle: ColumnFamily | None = self._families[_META]
         self._meta = self.db.get_column_family(_META)
         self._dest_family: dict[str, str] = {}
         bound = self._bounded(_DEST_INDEX)
-        for key, value in self._meta.items(from_key=_DEST_INDEX, read_opt=bound):
+        for key, value in _raw_items(self._meta, _DEST_INDEX, bound):
             self._dest_family[key[len(_DEST_INDEX):].decode()] = value.decode()
         self._write_opt = WriteOptions()
         self._write_opt.sync = sync
@@ -139,6 +157,12 @@ class RocksStore(Store):
         options.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
         return options
 
+    @overload
+    def _family_for(self, destination: str, create: Literal[True]) -> str: ...
+
+    @overload
+    def _family_for(self, destination: str, create: Literal[False]) -> str | None: ...
+
     def _family_for(self, destination: str, create: bool) -> str | None:
         family = self._dest_family.get(destination)
         if family is None and create:
@@ -161,12 +185,12 @@ class RocksStore(Store):
         if self._closed:
             raise StoreError("store is closed")
 
-    def _put(self, handle: object, key: bytes, value: bytes) -> None:
+    def _put(self, handle: ColumnFamily | None, key: bytes, value: bytes) -> None:
         self._check()
         self._batch.put(key, value, handle)
         self._grew()
 
-    def _delete(self, handle: object, key: bytes, counted: bool = True) -> None:
+    def _delete(self, handle: ColumnFamily | None, key: bytes, counted: bool = True) -> None:
         self._check()
         self._batch.delete(key, handle)
         if counted:
@@ -212,7 +236,7 @@ class RocksStore(Store):
         prefix = destination.encode() + b"\x00"
         cf = self.db.get_column_family(family)
         bound = self._bounded(prefix)
-        for key, value in cf.items(from_key=prefix + _SEQ.pack(start_seq), read_opt=bound):
+        for key, value in _raw_items(cf, prefix + _SEQ.pack(start_seq), bound):
             yield _SEQ.unpack(key[len(prefix):])[0], value
 
     def get_message(self, destination: str, seq: int) -> bytes | None:
@@ -246,7 +270,7 @@ class RocksStore(Store):
         head = kind.encode() + b"\x00"
         first = head + prefix.encode("utf-8", "surrogateescape")
         bound = self._bounded(head)
-        for key, value in self._meta.items(from_key=first + start.encode("utf-8", "surrogateescape"), read_opt=bound):
+        for key, value in _raw_items(self._meta, first + start.encode("utf-8", "surrogateescape"), bound):
             if not key.startswith(first):
                 break
             yield key[len(head):].decode("utf-8", "surrogateescape"), value
@@ -287,6 +311,12 @@ class RocksStore(Store):
                 log.failure("a when_durable callback failed")
 
     # -- stream logs --------------------------------------------------------
+
+    @overload
+    def _log_family(self, log: str, create: Literal[True]) -> str: ...
+
+    @overload
+    def _log_family(self, log: str, create: Literal[False]) -> str | None: ...
 
     def _log_family(self, log: str, create: bool) -> str | None:
         name = f"stream.{log}"
@@ -354,7 +384,8 @@ class RocksStore(Store):
         self._closed = True
         # The LOCK is only released once no column-family handle is alive.
         self._families.clear()
+        # Dropped, not set to None: every method checks _closed before it would use them.
         self._meta_handle = None
-        self._meta = None
+        del self._meta
         self.db.close()
-        self.db = None
+        del self.db

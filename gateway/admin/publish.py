@@ -228,5 +228,5 @@ class PublishAPI:
             conn.close()
         duplicates = broker.duplicates.dropped - before
         done: defer.Deferred[Answer] = defer.Deferred()
-        broker.store.when_durable(lambda: done.callback(json_body(200, {"accepted": sent - duplicates, "duplicates": duplicates})))
+        broker.when_durable(lambda: done.callback(json_body(200, {"accepted": sent - duplicates, "duplicates": duplicates})))
         return done
