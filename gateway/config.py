@@ -16,7 +16,7 @@ from core.destination import validate as validate_destination
 from core.policy import Policy
 from core.stream_config import StreamSpec
 from protocols.mqtt.names import filter_to_canonical
-from protocols.mqtt.session import MqttSettings
+from protocols.mqtt.state import MqttSettings
 from protocols.stomp.codec import StompLimits
 from protocols.stomp.session import StompSettings
 from protocols.websocket import WebSocketSettings

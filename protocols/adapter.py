@@ -18,6 +18,8 @@ from zope.interface import implementer
 
 from protocols.admission import Admission
 from protocols.partial import PartialBudget
+from protocols.session import Session
+from protocols.twisted_types import connected
 
 
 @dataclass
@@ -31,9 +33,9 @@ class ConnectionGuard:
 class Guarded:
     """Admission, the partial-frame budget and read holds, for a connection adapter."""
 
-    session: Any
+    session: Session
     _address: str | None = None
-    _holds: frozenset[str] | set[str] = frozenset()
+    _holds: set[str]
     _guard: ConnectionGuard | None = None
 
     def _open(self, guard: ConnectionGuard | None, host: str) -> None:
@@ -60,7 +62,7 @@ class Guarded:
             budget = guard.budget
             if held or self in budget.holders:
                 # A frame completed if the decoder kept less than it had plus what came.
-                budget.update(self, held, held < before + len(data))  # type: ignore[arg-type]
+                budget.update(self, held, held < before + len(data))
 
     def _closed(self) -> None:
         guard = self._guard
@@ -74,18 +76,19 @@ class Guarded:
 
     @property
     def label(self) -> str:
-        return getattr(self.session, "label", "?")
+        session: Session | None = getattr(self, "session", None)
+        return "?" if session is None else session.label
 
     def pause_reading(self, reason: str = "flow control") -> None:
         """Stop reading the client for ``reason`` (its socket buffer fills, then TCP pushes back)."""
         if not self._holds:
             self._pause_transport()
-        self._holds.add(reason)  # type: ignore[union-attr]
+        self._holds.add(reason)
 
     def resume_reading(self, reason: str = "flow control") -> None:
         """``reason`` no longer holds; reading resumes once no other reason does."""
         if reason in self._holds:
-            self._holds.discard(reason)  # type: ignore[union-attr]
+            self._holds.discard(reason)
             if not self._holds:
                 self._resume_transport()
 
@@ -103,10 +106,10 @@ class Guarded:
 class SessionProtocol(Guarded, protocol.Protocol):
     def __init__(self, factory: "SessionFactory") -> None:
         self.factory = factory
-        self.session: Any = None
+        self._holds = set()
 
     def connectionMade(self) -> None:
-        peer = self.transport.getPeer()
+        peer = connected(self.transport).getPeer()
         host = getattr(peer, "host", "?")
         remote = f"{host}:{getattr(peer, 'port', '?')}"
         self.session = self.factory.make_session(self, remote)
@@ -114,7 +117,7 @@ class SessionProtocol(Guarded, protocol.Protocol):
         self._open(self.factory.guard, host)
         # The socket's buffer filling up pauses this client's deliveries, so a
         # slow reader holds back only itself.
-        self.transport.registerProducer(self, True)
+        connected(self.transport).registerProducer(self, True)
 
     def dataReceived(self, data: bytes) -> None:
         self._feed(data)
@@ -126,19 +129,20 @@ class SessionProtocol(Guarded, protocol.Protocol):
 
     # The transport interface sessions write through.
     def write(self, data: bytes) -> None:
-        self.transport.write(data)
+        connected(self.transport).write(data)
 
     def _pause_transport(self) -> None:
-        self.transport.pauseProducing()
+        connected(self.transport).pauseProducing()
 
     def _resume_transport(self) -> None:
-        self.transport.resumeProducing()
+        connected(self.transport).resumeProducing()
 
     def close(self) -> None:
+        transport = connected(self.transport)
         # Unregister first: Twisted holds a close back while a paused producer is attached.
-        if self.transport.producer is not None:
-            self.transport.unregisterProducer()
-        self.transport.loseConnection()
+        if transport.producer is not None:
+            transport.unregisterProducer()
+        transport.loseConnection()
 
     # IPushProducer: called by the transport about its write buffer.
     def pauseProducing(self) -> None:
@@ -154,9 +158,9 @@ class SessionProtocol(Guarded, protocol.Protocol):
 class SessionFactory(protocol.Factory):
     noisy = False  # one log line per listener is enough; connections log themselves
 
-    def __init__(self, make_session: Callable[[Any, str], Any], guard: ConnectionGuard | None = None) -> None:
+    def __init__(self, make_session: Callable[[SessionProtocol, str], Session], guard: ConnectionGuard | None = None) -> None:
         self.make_session = make_session
-        self.sessions: set[Any] = set()
+        self.sessions: set[Session] = set()
         self.guard = guard
 
     def buildProtocol(self, addr: Any) -> SessionProtocol:

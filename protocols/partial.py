@@ -27,7 +27,8 @@ READ_HOLD = "partial frames"
 class Holder(Protocol):
     """What the budget needs of a connection: stop and start reading, and end it."""
 
-    label: str
+    @property
+    def label(self) -> str: ...
 
     def pause_reading(self, reason: str) -> None: ...
 

@@ -17,11 +17,14 @@ from typing import Any, Callable
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 
-from protocols.adapter import ConnectionGuard, Guarded
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet import interfaces
 from twisted.logger import Logger
 from zope.interface import implementer
+
+from protocols.adapter import ConnectionGuard, Guarded
+from protocols.session import Session
+from protocols.twisted_types import connected
 
 log = Logger(namespace="gateway.websocket")
 
@@ -45,16 +48,23 @@ class WebSocketSettings:
     allowed_origins: list[str] = field(default_factory=lambda: ["*"])
 
 
+# autobahn's own base classes disagree on the types of ``peer`` and
+# ``_transport_details``; nothing here uses either.
 @implementer(interfaces.IPushProducer)
-class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):
+class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignore[misc]
     """One WebSocket connection carrying one STOMP or MQTT session."""
 
-    session: Any = None
+    session: Session | None = None  # type: ignore[assignment]  # None until the handshake is done
     kind = ""
     _ping_call: Any = None
     _heard = 0.0
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._holds = set()
+
     def onConnect(self, request: Any) -> str:
+        offered: str
         for offered in request.protocols:
             if offered in STOMP_SUBPROTOCOLS:
                 self.kind = "stomp"
@@ -70,12 +80,13 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):
         )
 
     def onOpen(self) -> None:
-        peer = self.transport.getPeer()
+        transport = connected(self.transport)
+        peer = transport.getPeer()
         remote = f"ws:{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
-        self.session = self.factory.make_session(self.kind, self, remote)
-        self.factory.sessions.add(self.session)
+        session = self.session = self.factory.make_session(self.kind, self, remote)
+        self.factory.sessions.add(session)
         self._open(self.factory.guard, getattr(peer, "host", "?"))
-        self.transport.registerProducer(self, True)
+        transport.registerProducer(self, True)
         self._heard = self.factory.reactor.seconds()
         if self.factory.settings.ping_interval > 0:
             self._ping_call = self.factory.reactor.callLater(self.factory.settings.ping_interval, self._keep_alive)
@@ -131,16 +142,17 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):
             self.sendMessage(data, isBinary=True)
 
     def _pause_transport(self) -> None:
-        self.transport.pauseProducing()
+        connected(self.transport).pauseProducing()
 
     def _resume_transport(self) -> None:
-        self.transport.resumeProducing()
+        connected(self.transport).resumeProducing()
 
     def close(self) -> None:
-        reason = getattr(self.session, "close_reason", "normal")
+        reason = "normal" if self.session is None else self.session.close_reason
         code = {"error": CLOSE_PROTOCOL_ERROR, "shutdown": CLOSE_GOING_AWAY}.get(reason, CLOSE_NORMAL)
-        if self.transport.producer is not None:
-            self.transport.unregisterProducer()
+        transport = connected(self.transport)
+        if transport.producer is not None:
+            transport.unregisterProducer()
         # sendClose admits only 1000 and 3000-4999 (application codes); a server
         # may also say 1001 going away and 1002 protocol error (RFC 6455 7.4.1).
         self.sendCloseFrame(code=code, reasonUtf8=reason.encode(), isReply=False)
@@ -171,12 +183,13 @@ class GatewayWebSocketFactory(WebSocketServerFactory):
     noisy = False
 
     def __init__(
-        self, make_session: Callable[[str, Any, str], Any], settings: WebSocketSettings, guard: ConnectionGuard | None = None,
+        self, make_session: Callable[[str, GatewayWebSocketProtocol, str], Session], settings: WebSocketSettings,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         super().__init__()
         self.make_session = make_session
         self.settings = settings
-        self.sessions: set[Any] = set()
+        self.sessions: set[Session] = set()
         self.guard = guard
         self.setProtocolOptions(
             maxMessagePayloadSize=settings.max_message_size,

@@ -9,23 +9,27 @@ from __future__ import annotations
 
 import json
 import secrets
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
 from core.broker import Broker
 from core.errors import BrokerError
-from core.retained import RetainedLimit
 from core.queue import MessageQueue
+from core.retained import RetainedLimit
 from protocols.mqtt import codec as mq
 from protocols.mqtt.names import InvalidTopic, filter_to_canonical, topic_to_canonical
-from protocols.mqtt.session import (
+from protocols.mqtt.state import (
     NEVER_EXPIRES,
     AwayFilter,
     ClientSession,
-    MqttSession,
     MqttSettings,
     build_message,
+    options_of,
 )
+
+if TYPE_CHECKING:
+    from protocols.mqtt.session import MqttSession
 
 log = Logger(namespace="gateway.mqtt")
 
@@ -94,7 +98,7 @@ class MqttHub:
             state = json.loads(data)
             client = self._recover(name[len("mqtt:"):], state)
             for sub in client.subs.values():
-                sub.selector = AwayFilter((sub.options or {}).get("qos", 0))
+                sub.selector = AwayFilter(options_of(sub).qos)
             if client.expiry != NEVER_EXPIRES:
                 # The expiry counts from the disconnect, not from this start (as Mosquitto).
                 left_at = state.get("left_at") or self.broker.now_ms()
@@ -106,7 +110,7 @@ class MqttHub:
                 client.left_at = left_at
                 client.expiry_timer = self.broker.clock.callLater(remaining, self._expired, client)
 
-    def _recover(self, client_id: str, state: dict) -> ClientSession:
+    def _recover(self, client_id: str, state: dict[str, Any]) -> ClientSession:
         """A persistent session that only the store remembers (the broker restarted)."""
         queue = self.broker.durable_queue(self.queue_key(client_id))
         queue.max_redeliveries = -1
@@ -118,16 +122,17 @@ class MqttHub:
         for entry in queue.remove_seqs(set(client.released.values())):
             queue.settle(entry)
         for sub in self.broker.subscriptions_of(queue):
-            mqtt_filter = sub.durable_key.split("\x1f", 1)[1]  # type: ignore[union-attr]
-            client.filters[mqtt_filter] = sub.options or {}
+            if sub.durable_key is None:
+                continue
+            mqtt_filter = sub.durable_key.split("\x1f", 1)[1]
+            client.filters[mqtt_filter] = options_of(sub)
             client.subs[mqtt_filter] = sub
             sub.owner_id = client_id
         return client
 
-    def detach(self, session: MqttSession, will: mq.Will | None, level: int) -> None:
+    def detach(self, session: MqttSession, client: ClientSession, will: mq.Will | None, level: int) -> None:
         self.live.discard(session)
-        client = session.client
-        if client is None or client.live is not session:
+        if client.live is not session:
             return
         client.live = None
         client.left_at = self.broker.now_ms()
@@ -145,7 +150,7 @@ class MqttHub:
             return
         # Away: keep only what will be delivered at QoS 1 or 2 (see AwayFilter).
         for sub in client.subs.values():
-            sub.selector = AwayFilter((sub.options or {}).get("qos", 0))
+            sub.selector = AwayFilter(options_of(sub).qos)
         self.save(client)  # a 5.0 DISCONNECT may have changed the expiry
         if client.expiry != NEVER_EXPIRES:
             client.expiry_timer = self.broker.clock.callLater(client.expiry, self._expired, client)

@@ -332,6 +332,7 @@ class StompDecoder:
         if not data and not self._buf:
             return []
         own = self._buf
+        buf: bytes | bytearray
         if own:
             own += data
             buf = own
@@ -363,9 +364,9 @@ class StompDecoder:
                             # The usual single LF after a NUL skips the regex.
                             pos += 1
                             if pos < n and (buf[pos] == 10 or buf[pos] == 13):
-                                pos = _skip_eols(buf, pos).end()
+                                pos = _skip_eols(buf, pos).end()  # type: ignore[union-attr]  # matches the empty string
                         else:
-                            pos = _skip_eols(buf, pos).end()
+                            pos = _skip_eols(buf, pos).end()  # type: ignore[union-attr]  # matches the empty string
                         if pos >= n:
                             break
                         if buf[pos] == 13 and pos + 1 == n:
@@ -502,7 +503,7 @@ class StompDecoder:
                     else:
                         body = bytes(buf[bstart:end])
                 else:
-                    body = buf[bstart:end]
+                    body = buf[bstart:end]  # type: ignore[assignment]  # buf is the caller's bytes here, not our bytearray
                 append(Frame(cmd, headers, body))
                 pos = end + 1
                 if self._cmd is not None:

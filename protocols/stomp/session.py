@@ -6,8 +6,10 @@ the same class and tests can drive it with no network at all.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from twisted.logger import Logger
 
@@ -75,6 +77,15 @@ class StompError(Exception):
         self.detail = detail or message
 
 
+class Phase(enum.Enum):
+    """Where a session is (wsproto's ``ConnectionState``): each frame is handled by what its phase allows."""
+
+    AWAITING_CONNECT = "awaiting CONNECT"
+    CONNECTED = "connected"
+    DISCONNECTING = "disconnecting"  # DISCONNECT with a receipt seen: nothing after it is handled
+    CLOSED = "closed"
+
+
 class _Sub:
     """A client subscription: its STOMP id, its core consumer and, for 1.0/1.1 acks, message ids."""
 
@@ -90,6 +101,25 @@ class _Sub:
         self.durable_name = durable_name
 
 
+class Connected:
+    """What exists only once CONNECT is accepted: the core connection, the outbox, the subscriptions.
+
+    The session holds it as ``live`` from CONNECTED on, and the handlers of
+    every frame after CONNECT take it as an argument, so none of them can run
+    (or be written) against a connection that is not there.
+    """
+
+    __slots__ = ("conn", "outbox", "subs", "subs_by_no", "sub_no", "names")
+
+    def __init__(self, conn: Connection, outbox: Outbox) -> None:
+        self.conn = conn
+        self.outbox = outbox
+        self.subs: dict[str, _Sub] = {}
+        self.subs_by_no: dict[int, _Sub] = {}
+        self.sub_no = 0
+        self.names: dict[str, str] = {}  # STOMP destination -> canonical, for repeated SENDs
+
+
 class StompSession:
     def __init__(self, broker: Broker, transport: Transport, settings: StompSettings, remote: str = "") -> None:
         self.broker = broker
@@ -98,19 +128,13 @@ class StompSession:
         self.remote = remote
         self.decoder = StompDecoder(settings.limits)
         self.version = "1.0"
-        self.conn: Connection | None = None
-        self.closed = False
-        self.subs: dict[str, _Sub] = {}
-        self._subs_by_no: dict[int, _Sub] = {}
-        self._sub_no = 0
+        self.phase = Phase.AWAITING_CONNECT
+        self.live: Connected | None = None
         self._send_interval = 0.0
         self._receive_interval = 0.0
         self._last_read = 0.0
         self._last_write = 0.0
         self._now = broker.clock.seconds
-        self._outbox: Outbox | None = None
-        self._names: dict[str, str] = {}  # STOMP destination -> canonical, for repeated SENDs
-        self._stopping = False  # DISCONNECT seen: nothing after it is handled
         self._timer: Any = None
         self.label = remote
         # Why the session ended, for transports that can say (WebSocket close codes).
@@ -121,15 +145,28 @@ class StompSession:
         if settings.connect_timeout > 0:
             self._connect_timer = broker.clock.callLater(settings.connect_timeout, self._connect_timed_out)
 
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
+
+    def _ended(self) -> bool:
+        """Nothing more is read: closed, or DISCONNECT seen."""
+        return self.phase is Phase.CLOSED or self.phase is Phase.DISCONNECTING
+
+    @property
+    def conn(self) -> Connection | None:
+        """The core connection, once connected (for operators' views and tests)."""
+        return None if self.live is None else self.live.conn
+
     def _connect_timed_out(self) -> None:
         self._connect_timer = None
-        if self.conn is None and not self.closed:
+        if self.phase is Phase.AWAITING_CONNECT:
             self._fail("Connect timeout", f"no CONNECT within {self.settings.connect_timeout:g} s")
 
     # -- input ------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self.closed or self._stopping:
+        if self._ended():
             return
         self._last_read = self._now()
         while True:
@@ -144,7 +181,7 @@ class StompSession:
                 self._fail(exc.message, exc.detail, exc.headers.get("receipt"))
                 return
             for frame in frames:
-                if self.closed or self._stopping:
+                if self._ended():
                     return
                 self._handle(frame)
             # The decoder pauses after CONNECT so the rest is read with the negotiated version.
@@ -158,14 +195,15 @@ class StompSession:
             command = frame.command
             if command not in CLIENT_COMMANDS or (command == "NACK" and self.version == "1.0"):
                 raise StompError(f"Unknown command {command[:40]!r}")
-            if self.conn is None:
+            live = self.live
+            if live is None:
                 if command not in ("CONNECT", "STOMP"):
                     raise StompError("Not connected", f"{command} before CONNECT; send CONNECT (or STOMP) first")
                 self._on_connect(frame)
                 return
             if command in ("CONNECT", "STOMP"):
                 raise StompError("Already connected", "a second CONNECT on one connection")
-            _HANDLERS[command](self, frame)
+            _HANDLERS[command](self, live, frame)
         except StompError as exc:
             self._fail(exc.message, exc.detail, receipt)
             return
@@ -177,13 +215,9 @@ class StompSession:
             log.failure("[{label}] internal error handling {command}", label=self.label, command=frame.command)
             self._fail("Internal error", f"the broker failed to handle {frame.command}; see its log", receipt)
             return
-        if receipt is not None and frame.command not in ("DISCONNECT", "CONNECT", "STOMP"):
-            self._receipt(receipt)
-
-    def _receipt(self, receipt: str) -> None:
-        data = encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version)
-        # Only once what the frame stored is on disk (group commit).
-        self._outbox.add(data)  # type: ignore[union-attr]
+        if receipt is not None and self.live is not None and frame.command not in ("DISCONNECT", "CONNECT", "STOMP"):
+            # Only once what the frame stored is on disk (group commit).
+            self.live.outbox.add(encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version))
 
     # -- connection ---------------------------------------------------------
 
@@ -218,19 +252,18 @@ class StompSession:
                 return
             version = common[-1]
         client_id = headers.get("client-id") or None
-        if client_id is not None:
-            for other in self.broker.connections.values():
-                if other.client_id == client_id and not other.closed:
-                    raise StompError("Client id in use", f"client-id {client_id!r} is already connected")
+        if client_id is not None and self.broker.client_connected(client_id):
+            raise StompError("Client id in use", f"client-id {client_id!r} is already connected")
         self.version = version
         self.decoder.version = version
         if self._connect_timer is not None and self._connect_timer.active():
             self._connect_timer.cancel()
         self._connect_timer = None
-        self.conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote)
-        self.label = f"{self.conn.id} {client_id or '-'}"
-        self._outbox = Outbox(self.broker.turn_end, self.conn.when_durable, self._write)
-        out = [("version", version), ("server", SERVER_NAME), ("session", self.conn.id)]
+        conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote)
+        self.live = Connected(conn, Outbox(self.broker.turn_end, conn.when_durable, self._write))
+        self.phase = Phase.CONNECTED
+        self.label = f"{conn.id} {client_id or '-'}"
+        out = [("version", version), ("server", SERVER_NAME), ("session", conn.id)]
         if version != "1.0":
             out.append(("heart-beat", self._negotiate_heartbeat(headers.get("heart-beat", "0,0"))))
         self._write(encode_frame("CONNECTED", out, version=version))
@@ -273,37 +306,37 @@ class StompSession:
             self._write(b"\n")
         self._arm_heartbeat()
 
-    def _on_disconnect(self, frame: Frame) -> None:
+    def _on_disconnect(self, live: Connected, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
         if receipt is not None:
             # The receipt once what came before is on disk; the close on the next
             # turn, since closing redelivers and durable callbacks must not dispatch.
-            self._stopping = True
-            self._outbox.add(encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version))  # type: ignore[union-attr]
-            self._outbox.submit()  # type: ignore[union-attr]
-            self.conn.when_durable(lambda: self.broker.clock.callLater(0, self._close))  # type: ignore[union-attr]
+            self.phase = Phase.DISCONNECTING
+            live.outbox.add(encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version))
+            live.outbox.submit()
+            live.conn.when_durable(lambda: self.broker.clock.callLater(0, self._close))
         else:
             self._close()
 
     # -- producing ----------------------------------------------------------
 
-    def _destination(self, frame: Frame) -> str:
+    def _destination(self, live: Connected, frame: Frame) -> str:
         name = frame.headers.get("destination")
         if not name:
             raise StompError("Missing destination header", f"{frame.command} requires a destination header")
-        known = self._names.get(name)
+        known = live.names.get(name)
         if known is not None:
             return known
-        canonical = names.to_canonical(name, self.conn.temp_queue)  # type: ignore[union-attr]
+        canonical = names.to_canonical(name, live.conn.temp_queue)
         if not name.startswith("/temp-queue/"):  # those are created on first use: always resolve
-            if len(self._names) >= 1000:
-                self._names.clear()
-            self._names[name] = canonical
+            if len(live.names) >= 1000:
+                live.names.clear()
+            live.names[name] = canonical
         return canonical
 
-    def _on_send(self, frame: Frame) -> None:
+    def _on_send(self, live: Connected, frame: Frame) -> None:
         h = frame.headers
-        destination = self._destination(frame)
+        destination = self._destination(live, frame)
         broker = self.broker
         persistent_text = h.get("persistent")
         persistent = broker.policy.default_persistent if persistent_text is None else persistent_text.lower() in _TRUE
@@ -317,7 +350,7 @@ class StompSession:
             # The core keeps reply-to in canonical form so every protocol can name it
             # (MQTT's response topic); a value that is no destination passes as it is.
             try:
-                reply_to = names.to_canonical(reply_to, self.conn.temp_queue)  # type: ignore[union-attr]
+                reply_to = names.to_canonical(reply_to, live.conn.temp_queue)
             except BrokerError:
                 pass
         usage = broker.store_usage
@@ -331,7 +364,7 @@ class StompSession:
             group_id=h.get("JMSXGroupID"), group_seq=group_seq, correlation_id=h.get("correlation-id"),
             reply_to=reply_to, content_type=h.get("content-type"),
         )
-        self.conn.send(message, h.get("transaction"), delay)  # type: ignore[union-attr]
+        live.conn.send(message, h.get("transaction"), delay)
         if (
             persistent and usage.full and usage.bytes > stored_before
             and not self._held and broker.policy.store_full_policy == "block"
@@ -352,17 +385,17 @@ class StompSession:
 
     # -- consuming ----------------------------------------------------------
 
-    def _on_subscribe(self, frame: Frame) -> None:
+    def _on_subscribe(self, live: Connected, frame: Frame) -> None:
         h = frame.headers
-        destination = self._destination(frame)
+        destination = self._destination(live, frame)
         sub_id = h.get("id")
         if sub_id is None:
             if self.version != "1.0":
                 raise StompError("Missing id header", "SUBSCRIBE requires an id header in STOMP 1.1 and 1.2")
             sub_id = h["destination"]
-        if sub_id in self.subs:
+        if sub_id in live.subs:
             raise StompError("Duplicate subscription id", f"subscription id {sub_id!r} is already in use on this connection")
-        if len(self.subs) >= self.settings.max_subscriptions:
+        if len(live.subs) >= self.settings.max_subscriptions:
             raise StompError("Too many subscriptions", f"at most {self.settings.max_subscriptions} per connection")
         ack_text = h.get("ack", "auto")
         ack_mode = _ACK_MODES.get(ack_text)
@@ -374,20 +407,20 @@ class StompSession:
         durable = h.get("activemq.subscriptionName") or h.get("durable-subscription-name") or None
         partition = h.get("x-stream-partition")
         partition_n = None if partition is None else _int_header(h, "x-stream-partition", 0, 0, None)
-        self._sub_no += 1
+        live.sub_no += 1
         header = b"subscription:" + escape_header(sub_id, self.version).encode() + b"\n"
-        sub = _Sub(sub_id, self._sub_no, ack_mode, header, durable)
-        sub.consumer = self.conn.subscribe(  # type: ignore[union-attr]
-            destination, self._deliver,
+        sub = _Sub(sub_id, live.sub_no, ack_mode, header, durable)
+        sub.consumer = live.conn.subscribe(
+            destination, partial(self._deliver, live.outbox, sub),
             ack_mode=ack_mode, prefetch=prefetch_n, selector=h.get("selector"),
             exclusive=h.get("activemq.exclusive", "").lower() in _TRUE,
             durable_name=durable, retroactive=h.get("activemq.retroactive", "").lower() in _TRUE,
             handle=sub, stream_offset=h.get("x-stream-offset"), stream_partition=partition_n,
         )
-        self.subs[sub_id] = sub
-        self._subs_by_no[sub.no] = sub
+        live.subs[sub_id] = sub
+        live.subs_by_no[sub.no] = sub
 
-    def _on_unsubscribe(self, frame: Frame) -> None:
+    def _on_unsubscribe(self, live: Connected, frame: Frame) -> None:
         h = frame.headers
         sub_id = h.get("id")
         if sub_id is None and self.version == "1.0":
@@ -395,29 +428,29 @@ class StompSession:
         durable = h.get("activemq.subscriptionName") or h.get("durable-subscription-name") or None
         if sub_id is None:
             if durable:
-                self.conn.remove_durable(durable)  # type: ignore[union-attr]
+                live.conn.remove_durable(durable)
                 return
             raise StompError("Missing id header", "UNSUBSCRIBE requires an id header")
-        sub = self.subs.pop(sub_id, None)
+        sub = live.subs.pop(sub_id, None)
         if sub is None:
             if durable:
-                self.conn.remove_durable(durable)  # type: ignore[union-attr]
+                live.conn.remove_durable(durable)
                 return
             raise StompError("Unknown subscription", f"no subscription with id {sub_id!r}")
-        del self._subs_by_no[sub.no]
-        self.conn.unsubscribe(sub.consumer, remove_durable=bool(durable))  # type: ignore[union-attr, arg-type]
+        del live.subs_by_no[sub.no]
+        if sub.consumer is not None:
+            live.conn.unsubscribe(sub.consumer, remove_durable=bool(durable))
 
-    def _deliver(self, consumer: Consumer, entry: Entry, tag: int) -> None:
+    def _deliver(self, outbox: Outbox, sub: _Sub, consumer: Consumer, entry: Entry, tag: int) -> None:
         """Write one MESSAGE.  A failure costs this client its connection on the
         next turn, never the other subscribers of the fan-out."""
         try:
-            self._deliver_one(consumer, entry, tag)
+            self._deliver_one(outbox, sub, entry, tag)
         except Exception:
             log.failure("[{label}] internal error delivering {id}", label=self.label, id=entry.message.id)
             self.broker.clock.callLater(0, self._fail, "Internal error", "the broker failed to deliver a message; see its log")
 
-    def _deliver_one(self, consumer: Consumer, entry: Entry, tag: int) -> None:
-        sub: _Sub = consumer.handle  # type: ignore[assignment]
+    def _deliver_one(self, outbox: Outbox, sub: _Sub, entry: Entry, tag: int) -> None:
         message = entry.message
         parts = [b"MESSAGE\n", sub.header]
         if sub.ack_mode is not AckMode.AUTO:
@@ -429,7 +462,7 @@ class StompSession:
             parts.append(b"redelivered:true\nredelivery-count:%d\n" % entry.redeliveries)
         parts.append(self._message_tail(message))
         # After the batch holding its delivered mark (and anything before it) is on disk.
-        self._outbox.add(b"".join(parts))  # type: ignore[union-attr]
+        outbox.add(b"".join(parts))
 
     def _message_tail(self, message: Message) -> bytes:
         """Everything after the per-subscriber headers: built once per message and escaping."""
@@ -472,7 +505,7 @@ class StompSession:
             tail = cache[key] = _encode_tail(first, headers, message.body, self.version)
         return tail
 
-    def _find(self, frame: Frame) -> tuple[_Sub, int]:
+    def _find(self, live: Connected, frame: Frame) -> tuple[_Sub, int]:
         """The subscription and delivery tag an ACK or NACK names, by version."""
         h = frame.headers
         if self.version == "1.2":
@@ -481,7 +514,7 @@ class StompSession:
                 raise StompError("Missing id header", f"{frame.command} requires an id header in STOMP 1.2")
             try:
                 no_text, tag_text = ack_id.split(":")
-                sub = self._subs_by_no[int(no_text)]
+                sub = live.subs_by_no[int(no_text)]
                 return sub, int(tag_text)
             except (ValueError, KeyError):
                 raise StompError("Unknown ack id", f"{frame.command} for {ack_id!r}, which is not an outstanding message")
@@ -491,7 +524,8 @@ class StompSession:
         sub_id = h.get("subscription")
         if sub_id is None and self.version == "1.1":
             raise StompError("Missing subscription header", f"{frame.command} requires a subscription header in STOMP 1.1")
-        candidates = [self.subs[sub_id]] if sub_id in self.subs else ([] if sub_id else list(self.subs.values()))
+        subs = live.subs
+        candidates = [subs[sub_id]] if sub_id in subs else ([] if sub_id else list(subs.values()))
         for sub in candidates:
             tag = sub.message_tags.get(message_id)
             if tag is not None:
@@ -507,19 +541,19 @@ class StompSession:
             if t == tag or (sub.ack_mode is AckMode.CLIENT and t < tag):
                 del tags[message_id]
 
-    def _on_ack(self, frame: Frame) -> None:
-        sub, tag = self._find(frame)
+    def _on_ack(self, live: Connected, frame: Frame) -> None:
+        sub, tag = self._find(live, frame)
         if sub.consumer is None or sub.ack_mode is AckMode.AUTO:
             raise StompError("Unknown ack id", "this subscription acknowledges automatically")
-        self.conn.ack(sub.consumer, tag, frame.headers.get("transaction"))  # type: ignore[union-attr]
+        live.conn.ack(sub.consumer, tag, frame.headers.get("transaction"))
         self._settle_tags(sub, tag)
 
-    def _on_nack(self, frame: Frame) -> None:
-        sub, tag = self._find(frame)
+    def _on_nack(self, live: Connected, frame: Frame) -> None:
+        sub, tag = self._find(live, frame)
         if sub.consumer is None or sub.ack_mode is AckMode.AUTO:
             raise StompError("Unknown ack id", "this subscription acknowledges automatically")
         self._settle_tags(sub, tag)
-        self.conn.nack(sub.consumer, tag, frame.headers.get("transaction"))  # type: ignore[union-attr]
+        live.conn.nack(sub.consumer, tag, frame.headers.get("transaction"))
 
     # -- transactions -------------------------------------------------------
 
@@ -529,16 +563,16 @@ class StompSession:
             raise StompError("Missing transaction header", f"{frame.command} requires a transaction header")
         return tx
 
-    def _on_begin(self, frame: Frame) -> None:
-        if len(self.conn.transactions) >= self.settings.max_transactions:  # type: ignore[union-attr]
+    def _on_begin(self, live: Connected, frame: Frame) -> None:
+        if len(live.conn.transactions) >= self.settings.max_transactions:
             raise StompError("Too many transactions", f"at most {self.settings.max_transactions} open per connection")
-        self.conn.begin(self._tx(frame))  # type: ignore[union-attr]
+        live.conn.begin(self._tx(frame))
 
-    def _on_commit(self, frame: Frame) -> None:
-        self.conn.commit(self._tx(frame))  # type: ignore[union-attr]
+    def _on_commit(self, live: Connected, frame: Frame) -> None:
+        live.conn.commit(self._tx(frame))
 
-    def _on_abort(self, frame: Frame) -> None:
-        self.conn.abort(self._tx(frame))  # type: ignore[union-attr]
+    def _on_abort(self, live: Connected, frame: Frame) -> None:
+        live.conn.abort(self._tx(frame))
 
     # -- output and teardown -----------------------------------------------
 
@@ -557,8 +591,8 @@ class StompSession:
             headers.append(("receipt-id", receipt))
         body = (detail or message).encode("utf-8")
         headers.append(("content-length", str(len(body))))
-        if self._outbox is not None:
-            self._outbox.submit()  # frames gathered before the error go out before it
+        if self.live is not None:
+            self.live.outbox.submit()  # frames gathered before the error go out before it
         self._write(encode_frame("ERROR", headers, body, version=self.version))
         self._close()
 
@@ -571,19 +605,19 @@ class StompSession:
     def _close(self) -> None:
         if self.closed:
             return
-        if self._outbox is not None:
-            self._outbox.submit()  # what this turn gathered goes out before the close
+        if self.live is not None:
+            self.live.outbox.submit()  # what this turn gathered goes out before the close
         self._release()
         self.transport.close()
 
     def _release(self) -> None:
-        self.closed = True
+        self.phase = Phase.CLOSED
         for timer in (self._timer, self._connect_timer):
             if timer is not None and timer.active():
                 timer.cancel()
         self._timer = self._connect_timer = None
-        if self.conn is not None:
-            self.conn.close()
+        if self.live is not None:
+            self.live.conn.close()
 
     def connection_lost(self) -> None:
         """The socket is gone: what this client held goes back to its queues."""
@@ -592,12 +626,12 @@ class StompSession:
         self._release()
 
     def pause_producing(self) -> None:
-        if self.conn is not None:
-            self.conn.pause()
+        if self.live is not None:
+            self.live.conn.pause()
 
     def resume_producing(self) -> None:
-        if self.conn is not None and not self.closed:
-            self.conn.resume()
+        if self.live is not None and not self.closed:
+            self.live.conn.resume()
 
 
 def _int_header(headers: dict[str, str], name: str, default: int, low: int, high: int | None) -> int:
@@ -614,8 +648,20 @@ def _int_header(headers: dict[str, str], name: str, default: int, low: int, high
     return value
 
 
-# Client commands by name (CLIENT_COMMANDS has been checked before the lookup).
-_HANDLERS = {command: getattr(StompSession, "_on_" + command.lower()) for command in CLIENT_COMMANDS if command not in ("CONNECT", "STOMP")}
+# What each client command does once connected (CLIENT_COMMANDS is checked
+# before the lookup; CONNECT and STOMP are handled before there is a ``live``).
+_HANDLERS: dict[str, Callable[[StompSession, Connected, Frame], None]] = {
+    "SEND": StompSession._on_send,
+    "SUBSCRIBE": StompSession._on_subscribe,
+    "UNSUBSCRIBE": StompSession._on_unsubscribe,
+    "ACK": StompSession._on_ack,
+    "NACK": StompSession._on_nack,
+    "BEGIN": StompSession._on_begin,
+    "COMMIT": StompSession._on_commit,
+    "ABORT": StompSession._on_abort,
+    "DISCONNECT": StompSession._on_disconnect,
+}
+assert set(_HANDLERS) == set(CLIENT_COMMANDS) - {"CONNECT", "STOMP"}
 
 
 _SPECIAL = ("\\", "\n", ":", "\r")

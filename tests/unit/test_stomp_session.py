@@ -118,3 +118,30 @@ def test_unrepresentable_headers_left_out_for_stomp_10():
     producer.send(Message("ID:1", "queue://q", b"x", {"multi": "a\nb", "ok": "a:b"}))
     (message,) = [f for f in frames(t, "1.0") if f.command == "MESSAGE"]
     assert "multi" not in message.headers and message.headers["ok"] == "a:b"
+
+
+def test_phases_from_connect_to_disconnect_receipt_and_close():
+    """The connected phase exists only after CONNECT; DISCONNECT with a receipt ends reading before the close."""
+    from protocols.stomp.session import Phase
+
+    s, t, clock = session()
+    assert (s.phase, s.live, s.conn) == (Phase.AWAITING_CONNECT, None, None)
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2"}.items()))
+    assert s.phase is Phase.CONNECTED and s.live is not None and s.conn is s.live.conn
+    s.data_received(encode_frame("DISCONNECT", {"receipt": "bye"}.items()))
+    assert s.phase is Phase.DISCONNECTING and not t.closed
+    s.data_received(encode_frame("SEND", {"destination": "/queue/late"}.items(), b"after DISCONNECT"))
+    clock.advance(0)
+    assert s.phase is Phase.CLOSED and t.closed and s.closed
+    assert [f.command for f in frames(t)] == ["CONNECTED", "RECEIPT"]
+    assert "queue://late" not in s.broker.queues
+
+
+def test_a_refused_connect_never_reaches_the_connected_phase():
+    from protocols.stomp.session import Phase
+
+    s, t, _ = session()
+    s.data_received(encode_frame("CONNECT", {"accept-version": "2.0"}.items()))
+    assert s.phase is Phase.CLOSED and s.live is None and t.closed
+    (error,) = frames(t)
+    assert error.command == "ERROR" and error.headers["version"] == "1.0,1.1,1.2"

@@ -1,0 +1,265 @@
+"""What an MQTT client keeps across its connections, beside the hub that holds it.
+
+Artemis splits MQTT the same way (``MQTTSessionState`` / ``MQTTStateManager``):
+the hub and the connection's state machine both use these, and neither has to
+import the other for them.
+
+- ``ClientSession``: the session of one client id (MQTT 4.1) -- its queue in
+  the core, its subscriptions and their options, the packet ids of QoS 1/2
+  flows in progress;
+- ``SubscriptionOptions``: what a SUBSCRIBE asked for one filter, stored with
+  durable subscriptions;
+- ``AwayFilter``: what a persistent session queues while its client is away;
+- ``build_message`` and ``message_qos``: between PUBLISH (or a will) and the
+  core's protocol-neutral message.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from core.consumer import Consumer
+from core.entry import ViaMarker
+from core.errors import BrokerError
+from core.message import Message
+from core.queue import MessageQueue
+from core.selector import Lookup
+from core.topic import Subscription
+from protocols.mqtt import codec as mq
+from protocols.mqtt.names import topic_to_canonical
+
+if TYPE_CHECKING:
+
+    from core.broker import Broker
+    from protocols.mqtt.session import MqttSession
+
+# Core message headers that carry MQTT facts; never passed on as user properties.
+QOS_HEADER = "mqtt-qos"
+RETAIN_HEADER = "mqtt-retain"
+FORMAT_HEADER = "mqtt-payload-format"
+# Only when a name repeats: the full list in order, since headers hold one value per name.
+USER_PROPERTIES_HEADER = "mqtt-user-properties"
+_INTERNAL_PREFIX = "mqtt-"
+_PUBACK = b"\x40\x02"  # a 3.x PUBACK before its packet id
+_MQTT3 = "mqtt3"  # Message.cache key of 3.x PUBLISH bytes
+
+NEVER_EXPIRES = 0xFFFFFFFF
+
+
+@dataclass
+class MqttSettings:
+    # Largest packet accepted (and announced to 5.0 clients); checked before it is buffered.
+    max_packet_size: int = 4 * 1024 * 1024
+    # QoS 1/2 PUBLISHes a client may have unacknowledged towards us (5.0 receive maximum).
+    receive_maximum: int = 1000
+    # QoS 1/2 deliveries in flight to a client that sets no receive maximum of its own.
+    max_inflight: int = 1000
+    topic_alias_maximum: int = 100
+    # 0 accepts the client's keep-alive; otherwise an upper bound told to 5.0 clients.
+    server_keep_alive: int = 0
+    keep_alive_grace: float = 1.5
+    max_subscriptions: int = 1000
+    connect_timeout: float = 10.0
+    # MQTT filters whose publishes go to a queue of the same name instead of the topic.
+    queue_topics: list[str] = field(default_factory=list)
+
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionOptions:
+    """What a SUBSCRIBE asked for one filter (MQTT 5 3.8.3.1; 3.x has only the QoS).
+
+    Durable subscriptions store ``record()`` as JSON with short keys; that
+    record is what older stores hold too, so ``from_record`` reads both.
+    """
+
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    identifier: int | None = None  # MQTT 5 subscription identifier
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"qos": self.qos, "nl": self.no_local, "rap": self.retain_as_published, "rh": self.retain_handling}
+        if self.identifier:
+            out["id"] = self.identifier
+        return out
+
+    @classmethod
+    def from_record(cls, record: Any) -> SubscriptionOptions:
+        """From a stored record (a dict with short keys); what is not one gives the defaults."""
+        if isinstance(record, cls):
+            return record
+        if not isinstance(record, dict):
+            return cls()
+        return cls(
+            int(record.get("qos", 0)), bool(record.get("nl")), bool(record.get("rap")),
+            int(record.get("rh", 0)), int(record["id"]) if record.get("id") else None,
+        )
+
+
+NO_OPTIONS = SubscriptionOptions()
+
+
+def options_of(sub: Subscription) -> SubscriptionOptions:
+    """A subscription's MQTT options; typed on first use for subscriptions recovered from the store."""
+    options = sub.options
+    if options.__class__ is SubscriptionOptions:
+        return options  # the class test is the hot path's cheapest check
+    typed = SubscriptionOptions.from_record(options) if options is not None else NO_OPTIONS
+    if options is not None:
+        sub.options = typed
+    return typed
+
+
+class RetainedVia(ViaMarker):
+    """Entry.via marker for a retained message sent because of a SUBSCRIBE (retain flag 1)."""
+
+    __slots__ = ("options",)
+
+    def __init__(self, options: SubscriptionOptions) -> None:
+        self.options = options
+
+
+@dataclass
+class Inflight:
+    consumer: Consumer
+    tag: int
+    seq: int
+
+
+class ClientSession:
+    """What survives between connections of one client id (MQTT 4.1)."""
+
+    def __init__(self, client_id: str, queue: MessageQueue, durable: bool) -> None:
+        self.client_id = client_id
+        self.queue = queue
+        self.durable = durable
+        self.expiry = 0                     # seconds after disconnect; NEVER_EXPIRES
+        self.filters: dict[str, SubscriptionOptions] = {}
+        self.subs: dict[str, Subscription] = {}
+        self.shared: dict[str, tuple[str, str]] = {}  # filter -> (group, canonical filter)
+        self.outbound: dict[int, Inflight] = {}       # packet id -> PUBLISH awaiting PUBACK/PUBREC
+        # PUBREL sent, awaiting PUBCOMP: packet id -> message seq (stored, so a
+        # restart still resends PUBREL) ...
+        self.released: dict[int, int] = {}
+        # ... and, while its connection lives, the delivery itself, held until
+        # PUBCOMP so it keeps its receive-maximum slot (MQTT 5 4.9).
+        self.released_inflight: dict[int, Inflight] = {}
+        self.inbound_qos2: set[int] = set()           # PUBREC sent, awaiting PUBREL
+        self.ids_by_seq: dict[int, int] = {}          # message -> packet id it was first sent with
+        self.next_id = 1
+        self.live: MqttSession | None = None
+        # Twisted's IDelayedCall, as callLater returns it.
+        self.expiry_timer: Any = None
+        self.will_timer: Any = None
+        self.pending_will: mq.Will | None = None      # a will waiting out its delay
+        self.left_at = 0                               # epoch ms of the last disconnect (0: connected)
+
+    def packet_id_for(self, seq: int) -> int:
+        """The packet id for a message: first choice derived from its sequence, so a
+        retransmission after a restart carries the same id with nothing stored."""
+        pid = self.ids_by_seq.get(seq) or seq % 65535 + 1
+        if pid in self.outbound or pid in self.released:
+            pid = self.allocate_id()
+        return pid
+
+    def state(self) -> bytes:
+        """What must outlive the process: expiry and the QoS 2 flows in progress."""
+        return json.dumps({
+            "expiry": self.expiry, "left_at": self.left_at,
+            "released": self.released, "inbound": sorted(self.inbound_qos2),
+        }).encode()
+
+    def allocate_id(self) -> int:
+        busy = self.outbound
+        for _ in range(65535):
+            pid = self.next_id
+            self.next_id = pid % 65535 + 1
+            if pid not in busy and pid not in self.released:
+                return pid
+        raise BrokerError("no free packet identifier")
+
+
+def build_message(broker: Broker, destination: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any]) -> Message:
+    """A core message from a PUBLISH or a will: MQTT 5 properties become the common fields and headers."""
+    headers: dict[str, str] = {}
+    users = props.get("user_properties", ())
+    for key, value in users:
+        headers.setdefault(key, value)
+    if len(headers) < len(users):
+        headers[USER_PROPERTIES_HEADER] = json.dumps(users)
+    headers[QOS_HEADER] = str(qos)
+    if retain:
+        headers[RETAIN_HEADER] = "1"
+    if props.get("payload_format_indicator") == 1:
+        headers[FORMAT_HEADER] = "1"
+    now = broker.now_ms()
+    expiry = props.get("message_expiry_interval")
+    reply_to = props.get("response_topic")
+    correlation = props.get("correlation_data")
+    return Message(
+        broker.new_message_id(), destination, payload, headers,
+        persistent=qos > 0, timestamp=now,
+        expiration=now + expiry * 1000 if expiry else 0,
+        content_type=props.get("content_type"),
+        reply_to=topic_to_canonical(reply_to) if reply_to else None,
+        # Correlation data is bytes; surrogateescape keeps any bytes exact for MQTT peers.
+        correlation_id=correlation.decode("utf-8", "surrogateescape") if correlation is not None else None,
+    )
+
+
+def _user_property_list(text: str) -> list[tuple[str, str]] | None:
+    """The exact user properties an MQTT 5 publisher sent (repeated names included), or None.
+
+    Any client can set this header (a STOMP SEND can): what is not a JSON
+    list of string pairs, or is nested deep enough to exhaust the parser, is
+    ignored rather than failing every MQTT 5 delivery of the message.
+    """
+    if len(text) > 1_000_000:
+        return None
+    try:
+        pairs = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(pairs, list):
+        return None
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], str)):
+            return None
+        out.append((pair[0], pair[1]))
+    return out
+
+
+def message_qos(message: Message) -> int:
+    """The QoS a message was published with; STOMP's persistent messages count as QoS 1."""
+    text = message.headers.get(QOS_HEADER)
+    if text is not None:
+        return 2 if text == "2" else 1 if text == "1" else 0
+    return 1 if message.persistent else 0
+
+
+class AwayFilter:
+    """Stands in as the selector of a persistent session's subscription while its client is away.
+
+    It lets through only what would be delivered at QoS 1 or 2 (the lower of the
+    published and the granted QoS), so QoS 0 messages are not queued for an absent
+    client (Mosquitto's default, ``queue_qos0_messages false``) and cannot pile up
+    in memory while it is gone.  Being a selector, it drops them before they reach
+    the session queue; the hub puts it in place on detach and removes it on attach.
+    """
+
+    __slots__ = ("granted",)
+
+    def __init__(self, granted: int) -> None:
+        self.granted = granted
+
+    def matches(self, lookup: Lookup) -> bool:
+        if not self.granted:
+            return False
+        qos = lookup(QOS_HEADER)
+        if qos is None:
+            return lookup("JMSDeliveryMode") == "PERSISTENT"  # STOMP: persistent counts as QoS 1
+        return qos in ("1", "2")

@@ -1,0 +1,40 @@
+"""What the connection adapters (TCP and WebSocket) need from a protocol's session.
+
+STOMP and MQTT sessions are different state machines behind one surface, so
+one adapter carries either; naming that surface lets a type checker hold both
+sides to it.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from protocols.admission import Refusal
+
+
+class Decoder(Protocol):
+    @property
+    def buffered(self) -> int:
+        """Bytes held towards a frame not yet complete (the partial-frame budget counts them)."""
+
+
+class Session(Protocol):
+    @property
+    def decoder(self) -> Decoder: ...
+
+    label: str
+    # Why the session ended ("normal", "error", "shutdown"), for WebSocket close codes.
+    close_reason: str
+
+    def data_received(self, data: bytes) -> None: ...
+
+    def connection_lost(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def pause_producing(self) -> None: ...
+
+    def resume_producing(self) -> None: ...
+
+    def refuse_connect(self, refusal: Refusal) -> None: ...
+
+    def fail_unfinished(self, seconds: float) -> None: ...
