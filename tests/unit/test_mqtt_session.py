@@ -1,0 +1,584 @@
+"""The MQTT state machine without sockets: a fake transport, a virtual clock, two clients on one broker.
+
+Sessions are driven only as a network adapter drives them (bytes in,
+``connection_lost``, ``pause_producing``/``resume_producing``, ``shutdown``)
+and judged only by what a client would see: the packets written to its
+transport, decoded with the codec, and whether the transport was closed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from twisted.internet.task import Clock
+
+from core.broker import Broker
+from persistence.memory import MemoryStore
+from protocols.mqtt import codec as mq
+from protocols.mqtt.codec import ReasonCode
+from protocols.mqtt.hub import MqttHub
+from protocols.mqtt.session import MqttSession
+from protocols.mqtt.state import MqttSettings
+
+BOTH = pytest.mark.parametrize("level", [4, 5], ids=["3.1.1", "5.0"])
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.data = b""
+        self.closed = False
+        self.paused: set[str] = set()
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after close"
+        self.data += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self, reason: str = "") -> None:
+        self.paused.add(reason)
+
+    def resume_reading(self, reason: str = "") -> None:
+        self.paused.discard(reason)
+
+
+class Client:
+    """One network connection to the broker, as its client sees it."""
+
+    def __init__(self, hub: MqttHub, level: int) -> None:
+        self.level = level
+        self.transport = FakeTransport()
+        self.session = MqttSession(hub, self.transport, "test")
+        self._decoder = mq.MqttDecoder(level=level, server=False)
+        self._read = 0
+
+    def send(self, *packets: Any) -> None:
+        self.session.data_received(b"".join(mq.encode(p, self.level) for p in packets))
+
+    def received(self) -> list[Any]:
+        """The packets written since the last call (whole packets only)."""
+        data, self._read = self.transport.data[self._read:], len(self.transport.data)
+        packets = self._decoder.feed(data)
+        assert self._decoder.buffered == 0, "a packet cut short"
+        return packets
+
+    @property
+    def closed(self) -> bool:
+        return self.transport.closed
+
+    def connect(
+        self, client_id: str, clean: bool = True, keep_alive: int = 0, will: mq.Will | None = None, **properties: Any,
+    ) -> mq.Connack:
+        self.send(mq.Connect("MQTT", self.level, clean, keep_alive, client_id, will=will, properties=properties))
+        (connack, *rest) = self.received()
+        assert isinstance(connack, mq.Connack) and connack.reason_code == 0, connack
+        self.after_connack = rest
+        return connack
+
+    def subscribe(self, pid: int, *filters: tuple[str, int]) -> list[int]:
+        self.send(mq.Subscribe(pid, [mq.SubscriptionRequest(f, q) for f, q in filters]))
+        (suback, *self.after_suback) = self.received()
+        assert isinstance(suback, mq.Suback) and suback.packet_id == pid, suback
+        return suback.reason_codes
+
+
+class World:
+    """A broker over a memory store with a virtual clock, and its MQTT hub.
+
+    With ``turns`` the broker gathers each session's output until the end of the
+    reactor turn, as the gateway does (``callLater(0)``), so ``clock.advance(0)``
+    ends a turn; without it every write goes out at once.
+    """
+
+    def __init__(self, turns: bool = False, **settings: Any) -> None:
+        self.clock = Clock()
+        defer = (lambda work: self.clock.callLater(0, work)) if turns else None
+        self.broker = Broker(MemoryStore(), self.clock, defer=defer)
+        self.broker.start()
+        self.hub = MqttHub(self.broker, MqttSettings(**settings))
+        self.hub.recover()
+
+    def elapse(self, seconds: float, step: float = 0.1) -> None:
+        """Let ``seconds`` pass in small steps, as a running reactor would."""
+        for _ in range(round(seconds / step)):
+            self.clock.advance(step)
+
+    def client(self, level: int = 4) -> Client:
+        return Client(self.hub, level)
+
+    def connected(self, client_id: str, level: int = 4, **kwargs: Any) -> Client:
+        c = self.client(level)
+        c.connect(client_id, **kwargs)
+        return c
+
+    def subscriber(self, client_id: str, topic_filter: str, qos: int = 0, level: int = 4, **kwargs: Any) -> Client:
+        c = self.connected(client_id, level, **kwargs)
+        assert c.subscribe(1, (topic_filter, qos)) == [qos]
+        return c
+
+    def pair(self, topic_filter: str, qos: int = 0, level: int = 4, **kwargs: Any) -> tuple[Client, Client]:
+        """A subscriber ("sub", its CONNECT given ``kwargs``) to ``topic_filter`` and a publisher ("pub"), both of ``level``."""
+        return self.subscriber("sub", topic_filter, qos, level, **kwargs), self.connected("pub", level)
+
+    def resume(self, client_id: str, level: int, present: bool = True) -> Client:
+        """A new connection to the persistent session of ``client_id``; what followed its CONNACK is ``after_connack``."""
+        c = self.client(level)
+        assert c.connect(client_id, **persistent(level)).session_present is present
+        return c
+
+    def with_will(self, client_id: str, level: int, retain: bool = False, **kwargs: Any) -> tuple[Client, Client]:
+        """A client connected with the will ``will_of(client_id)``, and a client watching ``will/#``."""
+        watcher = self.subscriber(f"watch-{client_id}", "will/#")
+        c = self.client(level)
+        c.connect(client_id, will=mq.Will(f"will/{client_id}", f"will of {client_id}".encode(), 0, retain), **kwargs)
+        return c, watcher
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def will_of(client_id: str, retain: bool = False) -> mq.Publish:
+    """The will of ``World.with_will`` as a subscriber receives it."""
+    return mq.Publish(f"will/{client_id}", f"will of {client_id}".encode(), 0, retain)
+
+
+def ended(level: int, reason: int, why: str) -> list[mq.Disconnect]:
+    """What the broker writes when it ends a connection: 5.0 a DISCONNECT saying why, 3.1.1 nothing."""
+    return [mq.Disconnect(reason, {"reason_string": why})] if level == 5 else []
+
+
+def persistent(level: int) -> dict[str, Any]:
+    """CONNECT arguments of a session that outlives its connection, in the level's own terms."""
+    return {"clean": False, "session_expiry_interval": 3600} if level == 5 else {"clean": False}
+
+
+# -- CONNECT ---------------------------------------------------------------------------
+
+
+def test_connack_311_has_no_properties_and_no_session(world):
+    c = world.client(4)
+    c.send(mq.Connect("MQTT", 4, True, 60, "c1"))
+    assert c.received() == [mq.Connack(False, 0, {})]
+    assert not c.closed
+
+
+def test_connack_50_announces_the_limits():
+    w = World(receive_maximum=7, max_packet_size=5000, topic_alias_maximum=3)
+    c = w.client(5)
+    c.send(mq.Connect("MQTT", 5, True, 60, "c1"))
+    assert c.received() == [mq.Connack(False, 0, {"receive_maximum": 7, "maximum_packet_size": 5000, "topic_alias_maximum": 3})]
+
+
+def test_empty_client_id_is_assigned_one_in_50(world):
+    first, second = world.client(5), world.client(5)
+    ids = [c.connect("").properties["assigned_client_identifier"] for c in (first, second)]
+    assert all(ids) and ids[0] != ids[1]
+    # The assigned id is the session's: a connection that uses it takes the session over.
+    world.connected(ids[0], 5)
+    assert first.received() == ended(5, ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
+    assert first.closed and not second.closed
+
+
+def test_empty_client_id_in_311_needs_a_clean_session(world):
+    accepted = world.client(4)
+    assert accepted.connect("") == mq.Connack(False, 0, {})  # no way to tell a 3.1.1 client its id
+    refused = world.client(4)
+    refused.send(mq.Connect("MQTT", 4, False, 60, ""))
+    assert refused.received() == [mq.Connack(False, mq.ConnackReturnCode.IDENTIFIER_REJECTED)]
+    assert refused.closed
+
+
+@BOTH
+def test_packet_before_connect_closes_without_an_answer(world, level):
+    watcher = world.subscriber("watch", "t", 0)
+    c = world.client(level)
+    c.send(mq.Publish("t", b"early"))
+    assert c.transport.data == b"" and c.closed
+    assert watcher.received() == []
+    c.send(mq.Connect("MQTT", level, True, 60, "late"))  # nothing more is read
+    assert c.transport.data == b""
+
+
+@BOTH
+def test_second_connect_is_a_protocol_error(world, level):
+    c, watcher = world.with_will("twice", level)
+    c.send(mq.Connect("MQTT", level, True, 60, "twice"))
+    assert c.received() == ended(level, ReasonCode.PROTOCOL_ERROR, "a second CONNECT")
+    assert c.closed
+    # A protocol error is an abnormal end: the will is published (3.1.2.5 / 5.0 3.1.2.5).
+    assert watcher.received() == [will_of("twice")]
+
+
+def test_connect_timeout_closes_a_connection_that_sends_no_connect():
+    w = World(connect_timeout=5.0)
+    silent, prompt = w.client(), w.client()
+    w.clock.advance(4.9)
+    assert not silent.closed
+    prompt.connect("prompt")
+    w.clock.advance(0.2)
+    assert silent.closed and silent.transport.data == b""
+    w.clock.advance(60)
+    assert not prompt.closed and prompt.received() == []
+
+
+# -- keep-alive ------------------------------------------------------------------------
+
+
+@BOTH
+def test_keep_alive_silence_closes_and_publishes_the_will(world, level):
+    c, watcher = world.with_will("sleepy", level, keep_alive=10)
+    world.elapse(6)
+    c.send(mq.Pingreq())  # the last sign of life
+    assert c.received() == [mq.Pingresp()]
+    world.elapse(14.9)  # not yet 1.5 x keep-alive
+    assert not c.closed and watcher.received() == []
+    world.elapse(5.1)  # checked every half period: closed by 2 x keep-alive at the latest
+    assert c.closed
+    assert c.received() == ended(level, ReasonCode.KEEP_ALIVE_TIMEOUT, "keep-alive timeout")
+    assert watcher.received() == [will_of("sleepy")]
+
+
+def test_any_packet_renews_the_keep_alive(world):
+    c = world.connected("awake", keep_alive=10)
+    for _ in range(5):
+        world.elapse(9)
+        c.send(mq.Pingreq())
+        assert c.received() == [mq.Pingresp()]
+    world.elapse(14)
+    assert not c.closed
+    world.elapse(6)
+    assert c.closed
+
+
+def test_keep_alive_zero_never_times_out(world):
+    c = world.connected("forever", keep_alive=0)
+    world.clock.advance(100_000)
+    assert not c.closed
+
+
+# -- SUBSCRIBE and PUBLISH -------------------------------------------------------------
+
+
+@BOTH
+def test_suback_grants_the_requested_qos_and_refuses_invalid_filters(world, level):
+    c = world.connected("subs", level)
+    codes = c.subscribe(5, ("a/b", 0), ("a/+", 1), ("a/#", 2), ("a/#/b", 1))
+    assert codes == [0, 1, 2, ReasonCode.TOPIC_FILTER_INVALID if level == 5 else 0x80]
+
+
+@BOTH
+def test_qos0_publish_reaches_the_subscriber(world, level):
+    sub, pub = world.pair("s/+", 0, level)
+    pub.send(mq.Publish("s/x", b"zero"))
+    assert pub.received() == []
+    assert sub.received() == [mq.Publish("s/x", b"zero", 0, False, False, None)]
+
+
+@BOTH
+def test_qos1_publish_is_acknowledged_and_delivered_at_qos1(world, level):
+    sub, pub = world.pair("s/t", 1, level)
+    pub.send(mq.Publish("s/t", b"one", 1, False, False, 7))
+    assert pub.received() == [mq.Puback(7)]
+    (delivery,) = sub.received()
+    assert (delivery.topic, delivery.payload, delivery.qos, delivery.dup, delivery.retain) == ("s/t", b"one", 1, False, False)
+    assert delivery.packet_id
+    sub.send(mq.Puback(delivery.packet_id))
+    assert sub.received() == [] and not sub.closed
+
+
+@BOTH
+def test_qos2_flow_in_both_directions(world, level):
+    sub, pub = world.pair("s/t", 2, level)
+    pub.send(mq.Publish("s/t", b"two", 2, False, False, 9))
+    assert pub.received() == [mq.Pubrec(9)]
+    (delivery,) = sub.received()  # routed at PUBLISH, before PUBREL
+    assert (delivery.payload, delivery.qos) == (b"two", 2) and delivery.packet_id
+    pid = delivery.packet_id
+    # The publisher resends before its PUBREL: acknowledged again, not routed twice.
+    pub.send(mq.Publish("s/t", b"two", 2, False, True, 9))
+    assert pub.received() == [mq.Pubrec(9)]
+    assert sub.received() == []
+    pub.send(mq.Pubrel(9))
+    assert pub.received() == [mq.Pubcomp(9)]
+    # Outbound: PUBREC from the subscriber gets PUBREL with the same id, PUBCOMP ends it.
+    sub.send(mq.Pubrec(pid))
+    assert sub.received() == [mq.Pubrel(pid)]
+    sub.send(mq.Pubcomp(pid))
+    assert sub.received() == [] and not sub.closed
+
+
+@pytest.mark.parametrize(("published", "granted", "delivered"), [(2, 1, 1), (1, 2, 1), (0, 2, 0), (2, 0, 0)])
+def test_delivery_qos_is_the_lower_of_published_and_granted(world, published, granted, delivered):
+    sub, pub = world.pair("q/t", granted)
+    pub.send(mq.Publish("q/t", b"m", published, False, False, 1 if published else None))
+    (delivery,) = sub.received()
+    assert delivery.qos == delivered
+    assert (delivery.packet_id is None) == (delivered == 0)
+
+
+# -- retained messages ----------------------------------------------------------------
+
+
+@BOTH
+def test_retained_message_follows_the_suback_of_a_new_subscription(world, level):
+    live = world.subscriber("live", "r/#", 1, level)
+    pub = world.connected("pub", level)
+    pub.send(mq.Publish("r/t", b"kept", 1, True, False, 3))
+    assert pub.received() == [mq.Puback(3)]
+    (to_live,) = live.received()
+    assert (to_live.payload, to_live.retain) == (b"kept", False)  # an established subscription: retain 0
+    late = world.connected("late", level)
+    assert late.subscribe(1, ("r/+", 1)) == [1]
+    (retained,) = late.after_suback
+    assert (retained.topic, retained.payload, retained.qos, retained.retain) == ("r/t", b"kept", 1, True)
+
+
+# -- sessions that outlive the connection ----------------------------------------------
+
+
+@BOTH
+def test_persistent_session_keeps_qos1_messages_while_offline(world, level):
+    sub = world.resume("durable", level, present=False)
+    assert sub.subscribe(1, ("p/t", 1)) == [1]
+    sub.send(mq.Disconnect())
+    assert sub.closed
+    pub = world.connected("pub", level)
+    pub.send(mq.Publish("p/t", b"while away", 1, False, False, 1), mq.Publish("p/t", b"qos0, dropped", 0))
+    back = world.resume("durable", level)
+    (queued,) = back.after_connack
+    assert (queued.topic, queued.payload, queued.qos) == ("p/t", b"while away", 1)
+    back.send(mq.Puback(queued.packet_id))
+    # The subscription is still there.
+    pub.send(mq.Publish("p/t", b"live", 0))
+    assert [p.payload for p in back.received()] == [b"live"]
+
+
+@BOTH
+def test_clean_start_discards_the_old_session(world, level):
+    sub = world.subscriber("fresh", "c/t", 1, level, **persistent(level))
+    sub.send(mq.Disconnect())
+    pub = world.connected("pub", level)
+    pub.send(mq.Publish("c/t", b"for the old session", 1, False, False, 1))
+    again = world.client(level)
+    assert again.connect("fresh", clean=True).session_present is False
+    assert again.after_connack == []
+    pub.send(mq.Publish("c/t", b"nobody", 0))
+    assert again.received() == []
+    again.send(mq.Disconnect())
+    # Gone for good: a later persistent session starts empty, without the old queue or subscription.
+    later = world.resume("fresh", level, present=False)
+    assert later.after_connack == []
+    pub.send(mq.Publish("c/t", b"nobody either", 1, False, False, 2))
+    assert later.received() == []
+
+
+@BOTH
+def test_unacknowledged_qos1_is_resent_with_dup_and_the_same_packet_id(world, level):
+    sub, pub = world.pair("d/t", 1, level, **persistent(level))
+    pub.send(mq.Publish("d/t", b"again", 1, False, False, 1))
+    (first,) = sub.received()
+    assert first.dup is False
+    sub.session.connection_lost()
+    back = world.resume("sub", level)
+    (resent,) = back.after_connack
+    assert (resent.payload, resent.dup, resent.packet_id) == (b"again", True, first.packet_id)
+    back.send(mq.Puback(resent.packet_id), mq.Disconnect())
+    assert world.resume("sub", level).after_connack == []  # the PUBACK settled it
+
+
+@BOTH
+def test_pubrel_is_resent_on_reconnect_until_pubcomp(world, level):
+    sub, pub = world.pair("h/t", 2, level, **persistent(level))
+    pub.send(mq.Publish("h/t", b"exactly once", 2, False, False, 1))
+    (delivery,) = sub.received()
+    sub.send(mq.Pubrec(delivery.packet_id))
+    assert sub.received() == [mq.Pubrel(delivery.packet_id)]
+    sub.session.connection_lost()  # before PUBCOMP
+    back = world.resume("sub", level)
+    assert back.after_connack == [mq.Pubrel(delivery.packet_id)]  # not the PUBLISH again
+    back.send(mq.Pubcomp(delivery.packet_id), mq.Disconnect())
+    assert world.resume("sub", level).after_connack == []
+
+
+@BOTH
+def test_second_connection_with_the_same_id_takes_the_session_over(world, level):
+    first = world.subscriber("same", "o/t", 1, level, **persistent(level))
+    second = world.resume("same", level)
+    assert first.received() == ended(level, ReasonCode.SESSION_TAKEN_OVER, "another connection uses this client id")
+    assert first.closed and not second.closed
+    pub = world.connected("pub", level)
+    pub.send(mq.Publish("o/t", b"to the new one", 1, False, False, 1))
+    (delivery,) = second.received()
+    assert delivery.payload == b"to the new one"
+    # The old connection's socket closing afterwards changes nothing: the PUBACK still settles it.
+    first.session.connection_lost()
+    second.send(mq.Puback(delivery.packet_id), mq.Disconnect())
+    assert world.resume("same", level).after_connack == []
+
+
+# -- MQTT 5 flow control and aliases ---------------------------------------------------
+
+
+def test_receive_maximum_bounds_unacknowledged_qos1_deliveries(world):
+    sub, pub = world.pair("m/t", 1, 5, receive_maximum=2)
+    for i in range(5):
+        pub.send(mq.Publish("m/t", b"%d" % i, 1, False, False, i + 1))
+    first = sub.received()
+    assert [p.payload for p in first] == [b"0", b"1"]
+    sub.send(mq.Puback(first[0].packet_id))
+    (third,) = sub.received()
+    assert third.payload == b"2"
+    sub.send(mq.Puback(first[1].packet_id), mq.Puback(third.packet_id))
+    assert [p.payload for p in sub.received()] == [b"3", b"4"]
+
+
+def test_receive_maximum_counts_a_qos2_delivery_until_pubcomp(world):
+    sub, pub = world.pair("m/t", 2, 5, receive_maximum=1)
+    pub.send(mq.Publish("m/t", b"a", 2, False, False, 1), mq.Publish("m/t", b"b", 2, False, False, 2))
+    (a,) = sub.received()
+    sub.send(mq.Pubrec(a.packet_id))
+    assert sub.received() == [mq.Pubrel(a.packet_id)]  # still in flight
+    sub.send(mq.Pubcomp(a.packet_id))
+    (b,) = sub.received()
+    assert (b.payload, b.qos) == (b"b", 2)
+
+
+def test_one_receive_maximum_spans_shared_and_plain_subscriptions(world):
+    sub = world.connected("sub", 5, receive_maximum=1)
+    assert sub.subscribe(1, ("$share/g/sh/t", 1), ("pl/t", 1)) == [1, 1]
+    pub = world.connected("pub", 5)
+    pub.send(mq.Publish("sh/t", b"shared", 1, False, False, 1), mq.Publish("pl/t", b"plain", 1, False, False, 2))
+    (first,) = sub.received()
+    sub.send(mq.Puback(first.packet_id))
+    (second,) = sub.received()
+    assert {first.payload, second.payload} == {b"shared", b"plain"}
+
+
+def test_qos0_deliveries_are_not_bounded_by_receive_maximum(world):
+    sub, pub = world.pair("m/t", 0, 5, receive_maximum=1)
+    for i in range(4):
+        pub.send(mq.Publish("m/t", b"%d" % i))
+    assert [p.payload for p in sub.received()] == [b"0", b"1", b"2", b"3"]
+
+
+def test_outbound_topic_aliases_only_for_a_client_that_allows_them(world):
+    sub, pub = world.pair("al/#", 0, 5, topic_alias_maximum=1)
+    plain = world.subscriber("plain", "al/#", 0, 5)  # no topic alias maximum: 0
+    pub.send(mq.Publish("al/x", b"1"), mq.Publish("al/x", b"2"), mq.Publish("al/y", b"3"))
+    assert sub.received() == [
+        mq.Publish("al/x", b"1", properties={"topic_alias": 1}),
+        mq.Publish("", b"2", properties={"topic_alias": 1}),
+        mq.Publish("al/y", b"3"),  # the one alias is taken
+    ]
+    assert plain.received() == [mq.Publish("al/x", b"1"), mq.Publish("al/x", b"2"), mq.Publish("al/y", b"3")]
+
+
+def test_inbound_topic_alias_maps_to_the_topic_it_was_set_with(world):
+    sub, pub = world.pair("in/#", 0, 5)
+    pub.send(mq.Publish("in/x", b"set", properties={"topic_alias": 3}), mq.Publish("", b"used", properties={"topic_alias": 3}))
+    assert sub.received() == [mq.Publish("in/x", b"set"), mq.Publish("in/x", b"used")]
+    assert not pub.closed
+
+
+@pytest.mark.parametrize(
+    ("alias", "reason", "why"),
+    [(101, ReasonCode.TOPIC_ALIAS_INVALID, "topic alias 101 is above the maximum"), (4, ReasonCode.PROTOCOL_ERROR, "topic alias 4 is not set")],
+)
+def test_bad_inbound_topic_alias_disconnects(world, alias, reason, why):
+    pub = world.connected("pub", 5)
+    pub.send(mq.Publish("", b"x", properties={"topic_alias": alias}))
+    assert pub.received() == ended(5, reason, why)
+    assert pub.closed
+
+
+# -- UNSUBSCRIBE -----------------------------------------------------------------------
+
+
+@BOTH
+def test_unsubscribe_gets_unsuback_and_stops_delivery(world, level):
+    sub = world.subscriber("sub", "u/t", 0, level)
+    sub.send(mq.Unsubscribe(4, ["u/t", "u/never"]))
+    # 3.1.1 UNSUBACK carries only the packet id; 5.0 one reason code per filter.
+    codes = [0, ReasonCode.NO_SUBSCRIPTION_EXISTED] if level == 5 else []
+    assert sub.received() == [mq.Unsuback(4, codes)]
+    pub = world.connected("pub", level)
+    pub.send(mq.Publish("u/t", b"unheard"))
+    assert sub.received() == []
+
+
+# -- DISCONNECT, wills, errors ---------------------------------------------------------
+
+
+@BOTH
+def test_disconnect_closes_and_discards_the_will(world, level):
+    c, watcher = world.with_will("polite", level)
+    c.send(mq.Disconnect())
+    assert c.closed and c.received() == []  # no DISCONNECT back
+    c.session.connection_lost()
+    assert watcher.received() == []
+
+
+def test_disconnect_with_will_message_publishes_the_will(world):
+    watcher = world.subscriber("watch", "will/#", 1)
+    c = world.client(5)
+    c.connect("leaving", will=mq.Will("will/leaving", b"bye", 1, False, {"content_type": "text/plain"}))
+    c.send(mq.Disconnect(ReasonCode.DISCONNECT_WITH_WILL_MESSAGE))
+    assert c.closed and c.received() == []
+    (will,) = watcher.received()
+    assert (will.topic, will.payload, will.qos) == ("will/leaving", b"bye", 1)
+
+
+@BOTH
+def test_lost_connection_publishes_the_retained_will(world, level):
+    c, watcher = world.with_will("dropped", level, retain=True)
+    c.session.connection_lost()
+    assert watcher.received() == [will_of("dropped")]  # retain 0 to an established subscription
+    late = world.connected("late", level)
+    late.subscribe(1, ("will/dropped", 0))
+    assert late.after_suback == [will_of("dropped", retain=True)]
+
+
+@BOTH
+def test_malformed_packet_closes_the_connection(world, level):
+    c, watcher = world.with_will("broken", level)
+    c.session.data_received(b"\x30\xff\xff\xff\xff\x7f")  # a five-byte remaining length
+    assert c.received() == ended(level, ReasonCode.MALFORMED_PACKET, "Malformed remaining length")
+    assert c.closed
+    assert watcher.received() == [will_of("broken")]
+
+
+def test_a_read_is_handled_up_to_its_bad_bytes_and_their_acks_precede_the_disconnect():
+    w = World(turns=True)  # output gathered until the reactor turn ends, as in the gateway
+    sub, pub = w.pair("k/t", 0, 5)
+    pub.session.data_received(mq.encode(mq.Publish("k/t", b"kept", 1, False, False, 5), 5) + b"\x00\x00")  # reserved type 0
+    assert pub.received() == [mq.Puback(5), *ended(5, ReasonCode.MALFORMED_PACKET, "Reserved packet type 0")]
+    assert pub.closed
+    w.clock.advance(0)  # the turn ends
+    assert sub.received() == [mq.Publish("k/t", b"kept")]
+    assert pub.received() == []
+
+
+@BOTH
+def test_shutdown_tells_50_clients_why_and_publishes_the_will(world, level):
+    c, watcher = world.with_will("bye", level)
+    c.session.shutdown()
+    assert c.received() == ended(level, ReasonCode.SERVER_SHUTTING_DOWN, "the broker is shutting down")
+    assert c.closed
+    # Not a DISCONNECT from the client: the will is due (5.0 3.1.2.5).
+    assert watcher.received() == [will_of("bye")]
+
+
+# -- back-pressure from the transport --------------------------------------------------
+
+
+def test_paused_transport_holds_deliveries_until_resumed(world):
+    sub, pub = world.pair("bp/t", 1)
+    sub.session.pause_producing()
+    pub.send(mq.Publish("bp/t", b"1", 1, False, False, 1), mq.Publish("bp/t", b"2", 0))
+    assert pub.received() == [mq.Puback(1)]  # the publisher is not held up
+    assert sub.received() == []
+    sub.session.resume_producing()
+    assert [(p.payload, p.qos) for p in sub.received()] == [(b"1", 1), (b"2", 0)]
