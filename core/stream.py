@@ -528,8 +528,8 @@ class StreamSet:
             chunk_end = base + header.count
             if chunk_end > p.end:
                 break  # never a chunk that holds records readers cannot see yet
-            if not over_bytes:
-                if header.last_ts >= cutoff or (protected is not None and chunk_end > protected):  # type: ignore[operator]
+            if not over_bytes and cutoff is not None:  # else over_bytes holds, by the break above
+                if header.last_ts >= cutoff or (protected is not None and chunk_end > protected):
                     break
             self.store.delete_chunk(stream.name, p.index, base)
             p.forget_small(base)

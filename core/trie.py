@@ -50,9 +50,10 @@ class TopicTrie(Generic[T]):
         path = [self._root]
         node = self._root
         for level in levels:
-            node = node.children.get(level)  # type: ignore[assignment]
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return False
+            node = child
             path.append(node)
         if subscriber not in node.subscribers:
             return False
