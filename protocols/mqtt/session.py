@@ -240,6 +240,15 @@ class MqttSession:
             expiry = props.get("session_expiry_interval", 0)
         else:
             expiry = 0 if packet.clean_start else NEVER_EXPIRES
+        limit = self.settings.server_keep_alive
+        if self.level < 5 and limit and (packet.keep_alive == 0 or packet.keep_alive > limit):
+            # 3.x has no way to be told a server keep-alive: refused, as Mosquitto's
+            # max_keepalive does, rather than dropped later for a silence it was allowed.
+            self._refuse(
+                ConnackReturnCode.IDENTIFIER_REJECTED, ReasonCode.UNSPECIFIED_ERROR,
+                f"keep-alive {packet.keep_alive} s is outside this server's limit of {limit} s (server_keep_alive)",
+            )
+            return
         if packet.will is not None:
             try:
                 self.broker.check_name(topic_to_canonical(packet.will.topic), allow_wildcards=False)
@@ -303,18 +312,24 @@ class MqttSession:
 
     def _arm_keep_alive(self) -> None:
         if not self.closed and self.keep_alive:
-            self._timer = self.broker.clock.callLater(self.keep_alive / 2, self._check_keep_alive)
+            self._timer = self.broker.clock.callLater(self.keep_alive * self.settings.keep_alive_grace, self._check_keep_alive)
 
     def _check_keep_alive(self) -> None:
+        """Due when the silence would reach its limit (MQTT-3.1.2-24): closes then, not up to half an interval late.
+
+        One timer per connection, moved on from the last read only when it
+        fires, so the read path never touches it.
+        """
         self._timer = None
         if self.closed:
             return
+        limit = self.keep_alive * self.settings.keep_alive_grace
         silence = self.broker.clock.seconds() - self._last_read
-        if silence > self.keep_alive * self.settings.keep_alive_grace:
+        if silence >= limit:
             log.info("[{label}] keep-alive timeout after {s:.1f}s", label=self.label, s=silence)
             self._server_disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep-alive timeout")
             return
-        self._arm_keep_alive()
+        self._timer = self.broker.clock.callLater(limit - silence, self._check_keep_alive)
 
     # -- publishing (client -> broker) -------------------------------------
 
@@ -751,7 +766,9 @@ class MqttSession:
                 if client.expiry == 0 and new_expiry:
                     raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0 at CONNECT")
                 client.expiry = new_expiry
-            if packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+            if packet.reason_code != ReasonCode.NORMAL_DISCONNECTION:
+                # Only a normal disconnection deletes the will (MQTT-3.1.2-10, 3.14.4):
+                # 0x04 asks for it, and a client ending on an error (0x80 and up) gets it too.
                 self._close()
                 return
         self.normal_disconnect = True

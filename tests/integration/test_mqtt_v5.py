@@ -199,6 +199,38 @@ def test_server_keep_alive_caps_the_clients(own, v5):
     assert not hasattr(got.connacks[0][2], "ServerKeepAlive")  # within the limit: the client's own stands
 
 
+def test_server_keep_alive_refuses_311_clients_over_it(own):
+    """3.1.1 has no server keep-alive to be told: paho gets CONNACK 2 (Mosquitto's max_keepalive), not a drop later."""
+    handle = own(server_keep_alive=5)
+    client, got = mqtt_connect(handle, "ka-311-long", version=4, keepalive=60)
+    try:
+        ((_, reason, _),) = got.connacks
+        assert str(reason) == "Client identifier not valid"  # paho's name for 3.1.1's return code 2
+        got.wait_for(1, what="disconnects")
+    finally:
+        mqtt_close(client)
+    client, got = mqtt_connect(handle, "ka-311-ok", version=4, keepalive=5)
+    try:
+        assert code(got.connacks[0][1]) == 0
+    finally:
+        mqtt_close(client)
+
+
+def test_disconnect_with_an_error_reason_publishes_the_will(v5):
+    """Only a normal disconnection (0x00) deletes the will (MQTT-3.1.2-10)."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
+
+    watcher, got = v5("err-will-watch")
+    subscribe(watcher, got, "ew/will", 1)
+    client, _ = v5("err-will", will=("ew/will", b"went wrong", 1, False))
+    client.disconnect(reasoncode=PahoReasonCode(PacketTypes.DISCONNECT, identifier=0x80))
+    assert [m.payload for m in got.wait_for(1)] == [b"went wrong"]
+    polite, _ = v5("ok-will", will=("ew/will", b"never", 1, False))
+    polite.disconnect()
+    assert got.settle(0.5)[1:] == []
+
+
 # -- reason codes ------------------------------------------------------------------
 
 

@@ -235,7 +235,7 @@ def test_keep_alive_silence_closes_and_publishes_the_will(world, level):
     assert c.received() == [mq.Pingresp()]
     world.elapse(14.9)  # not yet 1.5 x keep-alive
     assert not c.closed and watcher.received() == []
-    world.elapse(5.1)  # checked every half period: closed by 2 x keep-alive at the latest
+    world.elapse(0.2)  # closed as the silence reaches 1.5 x keep-alive, not half a period later
     assert c.closed
     assert c.received() == ended(level, ReasonCode.KEEP_ALIVE_TIMEOUT, "keep-alive timeout")
     assert watcher.received() == [will_of("sleepy")]
@@ -247,9 +247,9 @@ def test_any_packet_renews_the_keep_alive(world):
         world.elapse(9)
         c.send(mq.Pingreq())
         assert c.received() == [mq.Pingresp()]
-    world.elapse(14)
+    world.elapse(14.9)
     assert not c.closed
-    world.elapse(6)
+    world.elapse(0.2)
     assert c.closed
 
 
@@ -529,6 +529,39 @@ def test_disconnect_with_will_message_publishes_the_will(world):
     assert c.closed and c.received() == []
     (will,) = watcher.received()
     assert (will.topic, will.payload, will.qos) == ("will/leaving", b"bye", 1)
+
+
+@pytest.mark.parametrize("reason", [ReasonCode.UNSPECIFIED_ERROR, ReasonCode.MALFORMED_PACKET, ReasonCode.QUOTA_EXCEEDED])
+def test_disconnect_on_an_error_publishes_the_will(world, reason):
+    """Only a normal disconnection (0x00) deletes the will (MQTT-3.1.2-10); a client ending on an error gets it sent."""
+    c, watcher = world.with_will("failing", 5)
+    c.send(mq.Disconnect(reason))
+    assert c.closed and c.received() == []
+    assert watcher.received() == [will_of("failing")]
+
+
+@pytest.mark.parametrize("keep_alive", [0, 61])
+def test_311_keep_alive_outside_the_server_limit_is_refused(keep_alive):
+    """3.1.1 cannot be told a server keep-alive: CONNACK 2 (as Mosquitto's max_keepalive), not a drop later."""
+    world = World(server_keep_alive=60)
+    c = world.client(4)
+    c.send(mq.Connect("MQTT", 4, True, keep_alive, "slow-pinger"))
+    assert c.received() == [mq.Connack(False, mq.ConnackReturnCode.IDENTIFIER_REJECTED)]
+    assert c.closed
+    ok = world.connected("on-time", 4, keep_alive=60)
+    world.elapse(89.9)
+    assert not ok.closed
+
+
+def test_50_keep_alive_above_the_server_limit_is_lowered_and_announced():
+    world = World(server_keep_alive=60)
+    c = world.client(5)
+    connack = c.connect("told", keep_alive=0)
+    assert connack.properties["server_keep_alive"] == 60
+    world.elapse(89.9)
+    assert not c.closed
+    world.elapse(0.2)
+    assert c.closed
 
 
 @BOTH
