@@ -113,6 +113,8 @@ class MqttSession:
         self.decoder = MqttDecoder(max_packet_size=self.settings.max_packet_size, server=True)
         self.level = 4
         self.phase = Phase.AWAITING_CONNECT
+        # Phase.CLOSED as a plain attribute: read for every packet and write, where a property costs a call.
+        self.closed = False
         self.live: Connected | None = None
         self.label = remote
         self.will: mq.Will | None = None
@@ -134,10 +136,6 @@ class MqttSession:
         self._refusal: Any = None  # why this connection may not CONNECT (connection limits)
         # Why the session ended, for transports that can say (WebSocket close codes).
         self.close_reason = "normal"
-
-    @property
-    def closed(self) -> bool:
-        return self.phase is Phase.CLOSED
 
     @property
     def client(self) -> ClientSession | None:
@@ -456,7 +454,9 @@ class MqttSession:
         via = entry.via
         options_all: tuple[SubscriptionOptions, ...]
         if type(via) is Subscription:
-            options = self._options(live, consumer, via)
+            options = via.options
+            if options.__class__ is not SubscriptionOptions:  # the usual case costs one test, no call
+                options = self._options(live, consumer, via)
             granted = options.qos
             retain = options.retain_as_published and bool(message.headers.get(RETAIN_HEADER))
             options_all = (options,)
@@ -836,6 +836,7 @@ class MqttSession:
 
     def _release(self) -> None:
         self.phase = Phase.CLOSED
+        self.closed = True
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

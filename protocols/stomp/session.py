@@ -129,6 +129,8 @@ class StompSession:
         self.decoder = StompDecoder(settings.limits)
         self.version = "1.0"
         self.phase = Phase.AWAITING_CONNECT
+        # Phase.CLOSED as a plain attribute: read for every frame and write, where a property costs a call.
+        self.closed = False
         self.live: Connected | None = None
         self._send_interval = 0.0
         self._receive_interval = 0.0
@@ -144,10 +146,6 @@ class StompSession:
         self._connect_timer: Any = None
         if settings.connect_timeout > 0:
             self._connect_timer = broker.clock.callLater(settings.connect_timeout, self._connect_timed_out)
-
-    @property
-    def closed(self) -> bool:
-        return self.phase is Phase.CLOSED
 
     def _ended(self) -> bool:
         """Nothing more is read: closed, or DISCONNECT seen."""
@@ -612,6 +610,7 @@ class StompSession:
 
     def _release(self) -> None:
         self.phase = Phase.CLOSED
+        self.closed = True
         for timer in (self._timer, self._connect_timer):
             if timer is not None and timer.active():
                 timer.cancel()
