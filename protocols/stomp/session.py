@@ -17,8 +17,9 @@ from core.broker import Broker
 from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.entry import Entry
-from core.errors import BrokerError
+from core.errors import BrokerError, UnknownDestination
 from core.message import Message
+from core.stream_config import UnknownStream
 from protocols.outbox import Outbox
 from protocols.stomp import names
 from protocols.stomp.codec import (
@@ -41,7 +42,7 @@ SERVER_NAME = "gateway/0.1"
 _SEND_CONTROL = frozenset({
     "destination", "content-length", "receipt", "transaction", "message-id", "subscription", "ack",
     "redelivered", "redelivery-count", "timestamp", "persistent", "priority", "expires", "correlation-id",
-    "reply-to", "content-type", "JMSXGroupID", "JMSXGroupSeq", "AMQ_SCHEDULED_DELAY",
+    "reply-to", "content-type", "JMSXGroupID", "JMSXGroupSeq", "AMQ_SCHEDULED_DELAY", "expiration",
 })
 
 # Stored messages keep these as signed 64-bit integers.
@@ -325,22 +326,50 @@ class StompSession:
         known = live.names.get(name)
         if known is not None:
             return known
-        canonical = names.to_canonical(name, live.conn.temp_queue)
-        if not name.startswith("/temp-queue/"):  # those are created on first use: always resolve
+        canonical = names.to_canonical(name, live.conn.temp_queue, self._existing_queue)
+        # Temporary queues are created on first use and /amq/queue/ names must
+        # exist: those are resolved every time.
+        if not name.startswith(("/temp-queue/", "/amq/queue/")):
             if len(live.names) >= 1000:
                 live.names.clear()
             live.names[name] = canonical
         return canonical
 
+    def _existing_queue(self, name: str) -> str:
+        """RabbitMQ's ``/amq/queue/NAME``: the stream or queue of that name; it is never created."""
+        broker = self.broker
+        try:
+            broker.stream(name)
+            return "stream://" + name
+        except UnknownStream:
+            pass
+        if broker.queue("queue://" + name, create=False) is not None:
+            return "queue://" + name
+        raise UnknownDestination(
+            f"no queue or stream {name!r}: /amq/queue/{name} names an existing one (as in RabbitMQ); /queue/{name} creates it"
+        )
+
+    def _send_destinations(self, live: Connected, frame: Frame) -> tuple[str, ...] | list[str]:
+        """Where a SEND goes: one destination, or each of a composite (``/queue/a,/topic/b``)."""
+        name = frame.headers.get("destination")
+        if name is not None and "," in name:
+            every = names.to_canonical_all(name, live.conn.temp_queue, self._existing_queue)
+            for destination in every:
+                self.broker.check_destination(destination)  # all or none: refused before any is sent
+            return every
+        return (self._destination(live, frame),)
+
     def _on_send(self, live: Connected, frame: Frame) -> None:
         h = frame.headers
-        destination = self._destination(live, frame)
+        destinations = self._send_destinations(live, frame)
         broker = self.broker
         persistent_text = h.get("persistent")
         persistent = broker.policy.default_persistent if persistent_text is None else persistent_text.lower() in _TRUE
         # Most SENDs carry none of these: a dict lookup each, a parse only when present.
         priority = 4 if "priority" not in h else _int_header(h, "priority", 4, 0, 9)
         expiration = 0 if "expires" not in h else _int_header(h, "expires", 0, 0, _INT64_MAX)
+        if "expiration" in h or "x-message-ttl" in h:
+            expiration = self._relative_expiry(h, expiration)
         delay = 0 if "AMQ_SCHEDULED_DELAY" not in h else _int_header(h, "AMQ_SCHEDULED_DELAY", 0, 0, _MAX_DELAY_MS)
         group_seq = 0 if "JMSXGroupSeq" not in h else _int_header(h, "JMSXGroupSeq", 0, -1, _INT64_MAX)
         reply_to = h.get("reply-to")
@@ -356,13 +385,17 @@ class StompSession:
             raise StompError("Store limit reached", "the broker's store is full; retry once consumers have caught up")
         stored_before = usage.bytes
         custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL} if not h.keys() <= _SEND_CONTROL else {}
-        message = Message(
-            broker.new_message_id(), destination, frame.body, custom,
-            persistent=persistent, priority=priority, expiration=expiration, timestamp=broker.now_ms(),
-            group_id=h.get("JMSXGroupID"), group_seq=group_seq, correlation_id=h.get("correlation-id"),
-            reply_to=reply_to, content_type=h.get("content-type"),
-        )
-        live.conn.send(message, h.get("transaction"), delay)
+        transaction = h.get("transaction")
+        for destination in destinations:
+            # A composite's parts are copies, each with its own id; sent in one
+            # turn, persistent ones reach the disk in one batch, all or none.
+            message = Message(
+                broker.new_message_id(), destination, frame.body, custom if len(destinations) == 1 else dict(custom),
+                persistent=persistent, priority=priority, expiration=expiration, timestamp=broker.now_ms(),
+                group_id=h.get("JMSXGroupID"), group_seq=group_seq, correlation_id=h.get("correlation-id"),
+                reply_to=reply_to, content_type=h.get("content-type"),
+            )
+            live.conn.send(message, transaction, delay)
         if (
             persistent and usage.full and usage.bytes > stored_before
             and not self._held and broker.policy.store_full_policy == "block"
@@ -375,6 +408,19 @@ class StompSession:
             self.transport.pause_reading("store limit")
             usage.when_space(self._release_hold)
 
+    def _relative_expiry(self, h: dict[str, str], expires: int) -> int:
+        """RabbitMQ's ``expiration``: a time to live in milliseconds, beside ActiveMQ's absolute ``expires``."""
+        if "x-message-ttl" in h:
+            raise StompError(
+                "Unsupported header x-message-ttl",
+                "x-message-ttl is a RabbitMQ queue argument, which queues here do not take; give each SEND "
+                "expiration (milliseconds to live, as RabbitMQ's per-message TTL) or expires (epoch milliseconds)",
+            )
+        if expires:
+            raise StompError("Conflicting expiry headers", "give expires (epoch milliseconds) or expiration (milliseconds to live), not both")
+        ttl = _int_header(h, "expiration", 0, 0, _MAX_DELAY_MS)
+        return self.broker.now_ms() + ttl
+
     def _release_hold(self) -> None:
         self._held = False
         if not self.closed:
@@ -386,6 +432,8 @@ class StompSession:
     def _on_subscribe(self, live: Connected, frame: Frame) -> None:
         h = frame.headers
         destination = self._destination(live, frame)
+        if "x-message-ttl" in h:
+            self._relative_expiry(h, 0)  # refused, saying what to use instead
         sub_id = h.get("id")
         if sub_id is None:
             if self.version != "1.0":
