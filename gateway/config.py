@@ -235,10 +235,23 @@ def validate(config: Config) -> None:
             raise ConfigError(f"[policy] {key} must be 0 (no limit) or more")
     if config.ws_settings.max_message_size <= 0:
         raise ConfigError("[websocket] max_message_size must be positive")
+    _validate_websocket_paths(config.ws_settings)
     if config.policy.store_full_policy not in ("block", "fail"):
         raise ConfigError("[policy] store_full_policy must be block or fail")
     if not config.policy.dead_letter_queue.startswith("queue://"):
         raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")
+
+
+def _validate_websocket_paths(settings: WebSocketSettings) -> None:
+    """Paths as a client's request line has them: the query string is not part of one."""
+    seen: dict[str, str] = {}
+    for key in ("stomp_paths", "mqtt_paths"):
+        for path in getattr(settings, key):
+            if not isinstance(path, str) or not path.startswith("/") or any(c in path for c in "?# ") or not path.isprintable():
+                raise ConfigError(f"[websocket] {key}: {path!r} is not a path like \"/ws\" (it starts with /, no query string)")
+            other = seen.setdefault(path, key)
+            if other != key:
+                raise ConfigError(f"[websocket] {path!r} is in both stomp_paths and mqtt_paths; a path picks one protocol")
 
 
 _STREAM_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")

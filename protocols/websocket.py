@@ -1,7 +1,12 @@
 """WebSocket transport: the STOMP and MQTT sessions of TCP, behind autobahn.
 
 The subprotocol picks the session class (``v10.stomp``/``v11.stomp``/
-``v12.stomp`` -> STOMP, ``mqtt``/``mqttv3.1`` -> MQTT); after that a WebSocket
+``v12.stomp`` -> STOMP, ``mqtt``/``mqttv3.1`` -> MQTT), on any path.  A client
+that offers no subprotocol at all (stomp.py's ``WSConnection``, many non-browser
+clients) gets the protocol of its path, as on RabbitMQ: ``/ws`` and ``/stomp``
+STOMP, ``/mqtt`` MQTT (``stomp_paths``/``mqtt_paths``); the path must match
+exactly (a trailing slash counts, the query string does not), and the answer
+then carries no ``Sec-WebSocket-Protocol`` (RFC 6455 4.2.2).  After that a WebSocket
 message is just bytes for the session's decoder, so packets spanning messages
 or several per message need nothing special.  Frame data goes to the session
 as it arrives, not once a message is whole: the session's decoder is then
@@ -30,6 +35,7 @@ log = Logger(namespace="gateway.websocket")
 
 STOMP_SUBPROTOCOLS = ("v12.stomp", "v11.stomp", "v10.stomp")
 MQTT_SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+_SUBPROTOCOL_LIST = ", ".join(STOMP_SUBPROTOCOLS + MQTT_SUBPROTOCOLS)
 
 # RFC 6455 close codes for the ways a session ends.
 CLOSE_NORMAL = 1000
@@ -46,6 +52,10 @@ class WebSocketSettings:
     ping_timeout: float = 10.0
     # Origins allowed to connect ("*" any); browsers send Origin, other clients may not.
     allowed_origins: list[str] = field(default_factory=lambda: ["*"])
+    # Paths where a client offering no subprotocol speaks STOMP or MQTT (exact
+    # match, query string ignored).  An offered subprotocol wins on any path.
+    stomp_paths: list[str] = field(default_factory=lambda: ["/ws", "/stomp"])
+    mqtt_paths: list[str] = field(default_factory=lambda: ["/mqtt"])
 
 
 # autobahn's own base classes disagree on the types of ``peer`` and
@@ -63,21 +73,33 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignor
         super().__init__()
         self._holds = set()
 
-    def onConnect(self, request: Any) -> str:
-        offered: str
-        for offered in request.protocols:
-            if offered in STOMP_SUBPROTOCOLS:
+    def onConnect(self, request: Any) -> str | None:
+        offered: list[str] = [p for p in request.protocols if p]
+        for protocol in offered:
+            if protocol in STOMP_SUBPROTOCOLS:
                 self.kind = "stomp"
-                return offered
-            if offered in MQTT_SUBPROTOCOLS:
+                return protocol
+            if protocol in MQTT_SUBPROTOCOLS:
                 self.kind = "mqtt"
-                return offered
-        offered = ", ".join(request.protocols) or "none"
-        raise ConnectionDeny(
-            ConnectionDeny.BAD_REQUEST,
-            f"no supported WebSocket subprotocol (offered: {offered}); use one of "
-            + ", ".join(STOMP_SUBPROTOCOLS + MQTT_SUBPROTOCOLS),
-        )
+                return protocol
+        factory: GatewayWebSocketFactory = self.factory
+        if offered:
+            # A browser fails a connection whose answer names none of its offers,
+            # so accepting by path here would only move the error.
+            raise ConnectionDeny(
+                ConnectionDeny.BAD_REQUEST,
+                f"no supported WebSocket subprotocol (offered: {', '.join(offered)[:200]}); "
+                f"offer one of {_SUBPROTOCOL_LIST}{factory.path_hint('; or offer none on ')}",
+            )
+        kind = factory.path_kinds.get(request.path)
+        if kind is None:
+            raise ConnectionDeny(
+                ConnectionDeny.BAD_REQUEST,
+                f"no WebSocket subprotocol offered and path {request.path[:200]} has no default protocol; "
+                f"{factory.path_hint('connect to ', '; or ')}offer one of {_SUBPROTOCOL_LIST}",
+            )
+        self.kind = kind
+        return None  # no subprotocol: the answer has no Sec-WebSocket-Protocol (RFC 6455 4.2.2)
 
     def onOpen(self) -> None:
         transport = connected(self.transport)
@@ -191,6 +213,9 @@ class GatewayWebSocketFactory(WebSocketServerFactory):
         self.settings = settings
         self.sessions: set[Session] = set()
         self.guard = guard
+        # Path -> session kind for clients that offer no subprotocol.
+        self.path_kinds: dict[str, str] = {path: "mqtt" for path in settings.mqtt_paths}
+        self.path_kinds.update((path, "stomp") for path in settings.stomp_paths)
         self.setProtocolOptions(
             maxMessagePayloadSize=settings.max_message_size,
             maxFramePayloadSize=settings.max_message_size,
@@ -198,6 +223,16 @@ class GatewayWebSocketFactory(WebSocketServerFactory):
             # Say why (1009 too big, 1002 protocol error) with a close frame instead of a bare drop.
             failByDrop=False,
         )
+
+    def path_hint(self, before: str, after: str = "") -> str:
+        """``/ws or /stomp for STOMP, /mqtt for MQTT`` between ``before`` and
+        ``after``, or nothing when no path takes clients without a subprotocol."""
+        settings = self.settings
+        named = [
+            " or ".join(paths) + f" for {name}"
+            for name, paths in (("STOMP", settings.stomp_paths), ("MQTT", settings.mqtt_paths)) if paths
+        ]
+        return f"{before}{', '.join(named)}{after}" if named else ""
 
 
 def _origin_pattern(origin: str) -> str:

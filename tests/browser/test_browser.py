@@ -92,3 +92,38 @@ def test_binary_bodies_survive_both_ways(broker, page):
     disconnect(py)
     disconnect(sink)
     mqtt_close(device)
+
+
+def test_stompjs_without_subprotocol_on_the_stomp_path(broker, page):
+    """A plain ``new WebSocket(url)`` (no subprotocol) on /ws: the path picks STOMP."""
+    url = f"ws://127.0.0.1:{broker.ws_port}/ws"
+    assert page.evaluate("([u, d]) => startStomp(u, d, null)", [url, "/topic/nosub"]) == "1.2"
+    assert page.evaluate("() => window.stomp.webSocket.protocol") == ""
+    page.evaluate("() => window.stomp.publish({destination: '/topic/nosub', body: 'path picked stomp'})")
+    (message,) = wait_got(page, 1)
+    assert message["body"] == "path picked stomp"
+
+
+@pytest.mark.parametrize("no_subprotocol", [False, True], ids=["offers-mqtt", "offers-none"])
+def test_mqttjs_on_the_mqtt_path(broker, page, no_subprotocol):
+    """``ws://host:port/mqtt`` as users write it for RabbitMQ; mqtt.js offers "mqtt" unless made not to."""
+    url = f"ws://127.0.0.1:{broker.ws_port}/mqtt"
+    assert page.evaluate("([u, f, n]) => startMqtt(u, f, n)", [url, "paths/#", no_subprotocol]) == "ok"
+    if no_subprotocol:
+        assert page.evaluate("() => window.mqttSocket.protocol") == ""
+    py, _ = connect(broker, "1.2")
+    py.send("/topic/paths.mqtt", "from python stomp")
+    page.evaluate("() => window.mqttClient.publish('paths/mqtt', 'from mqtt.js', {qos: 1})")
+    got = wait_got(page, 2)
+    assert sorted(m["body"] for m in got) == ["from mqtt.js", "from python stomp"]
+    disconnect(py)
+
+
+def test_a_browser_offering_nothing_on_an_unknown_path_is_refused(broker, page):
+    url = f"ws://127.0.0.1:{broker.ws_port}/nope"
+    code = page.evaluate("""(u) => new Promise((resolve) => {
+        const ws = new WebSocket(u);
+        ws.onopen = () => resolve("open");
+        ws.onclose = (event) => resolve(event.code);
+    })""", url)
+    assert code == 1006  # browsers hide the HTTP answer; the broker's log and non-browser clients show it

@@ -47,6 +47,9 @@ def test_unspoken_subprotocol_is_refused_with_http_400(broker, offered):
     with pytest.raises(InvalidStatus) as info:
         ws_connect(url(broker), subprotocols=offered or None)
     assert info.value.response.status_code == 400
+    # Either way the reason names what works: the subprotocols and the paths that need none.
+    assert "offer one of v12.stomp" in info.value.response.reason_phrase
+    assert "/ws or /stomp for STOMP, /mqtt for MQTT" in info.value.response.reason_phrase
 
 
 @pytest.mark.parametrize("subprotocol", ["v10.stomp", "v11.stomp", "v12.stomp", "mqtt", "mqttv3.1"])
@@ -240,11 +243,11 @@ def test_pong_keeps_the_connection(small):
 
 def test_shutdown_closes_with_going_away(tmp_path):
     handle = BrokerHandle(make_config(tmp_path))
-    ws = ws_connect(url(handle), subprotocols=["v12.stomp"])
-    stomp_connect(ws)
-    handle.stop()
-    (error,) = stomp_frames(ws, 1)
-    assert error.headers["message"] == "Broker shutting down"
-    with pytest.raises(ConnectionClosed):
-        ws.recv(5)
-    assert ws.close_code == 1001
+    with ws_connect(url(handle), subprotocols=["v12.stomp"]) as ws:
+        stomp_connect(ws)
+        handle.stop()
+        (error,) = stomp_frames(ws, 1)
+        assert error.headers["message"] == "Broker shutting down"
+        with pytest.raises(ConnectionClosed):
+            ws.recv(5)
+        assert ws.close_code == 1001
