@@ -66,3 +66,12 @@ class Policy:
     # a new topic past either is not retained (EMQX's max_retained_messages).
     max_retained_messages: int = 1_000_000
     max_retained_bytes: int = 1024 * 1024 * 1024
+    # ActiveMQ's virtual topics.  A message published to a topic whose name starts
+    # with virtual_topic_prefix ("" turns the feature off) is also copied into every
+    # consumer queue of it that exists: a queue named virtual_topic_consumer_prefix +
+    # the topic's name, where each ``*`` level of the prefix is a consumer group
+    # (``queue://Consumer.A.VirtualTopic.orders``).  The topic part may be a filter
+    # (``Consumer.A.VirtualTopic.>``).  The consumer prefix is levels, each ending
+    # in ``.``; it may be empty (the queue has the topic's name).
+    virtual_topic_prefix: str = "VirtualTopic."
+    virtual_topic_consumer_prefix: str = "Consumer.*."

@@ -1,10 +1,10 @@
-"""Topic subscriptions and the recent-message window for retroactive consumers."""
+"""Topic subscriptions, the recent-message window for retroactive consumers, and virtual topics."""
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from typing import Any, Protocol
 
-from core.destination import name_of, topic_levels
+from core.destination import ALL_LEVELS, ONE_LEVEL, name_of, topic_levels
 from core.message import Message
 from core.queue import MessageQueue
 from core.selector import Lookup
@@ -159,4 +159,87 @@ class TopicSpace:
             if filter_matches(filter_levels, levels):
                 found.extend(window)
         found.sort(key=lambda item: item[0])
+        return found
+
+
+class VirtualTopics:
+    """ActiveMQ's virtual topics: which consumer queues take a copy of a topic's messages.
+
+    A consumer queue is one whose name is the consumer prefix (``Consumer.*.``,
+    each ``*`` a group name) followed by the name of a topic under the virtual
+    topic prefix (``VirtualTopic.``), or a filter of such topics
+    (``Consumer.A.VirtualTopic.>``, as ActiveMQ's wildcard consumer queues).
+    Queues are indexed by that topic part in a trie when they are created; a
+    publish looks its destination up in a per-destination cache (emptied when
+    a queue comes or goes), so routing to the consumer queues is a dict lookup
+    for a topic seen before.
+    """
+
+    def __init__(self, topic_prefix: str, consumer_prefix: str) -> None:
+        if consumer_prefix and not consumer_prefix.endswith("."):
+            raise ValueError(f"virtual_topic_consumer_prefix {consumer_prefix!r} must be empty or end with '.'")
+        if any(level in (ONE_LEVEL, ALL_LEVELS) for level in topic_prefix.split(".")):
+            raise ValueError(
+                f"virtual_topic_prefix {topic_prefix!r} is the start of a topic name (such as 'VirtualTopic.'), not a filter"
+            )
+        levels = tuple(consumer_prefix[:-1].split(".")) if consumer_prefix else ()
+        if ALL_LEVELS in levels:
+            raise ValueError(f"virtual_topic_consumer_prefix {consumer_prefix!r}: '>' cannot name a consumer group")
+        self.topic_prefix = topic_prefix
+        self.consumer_levels = levels
+        # What a publish tests its destination with, ``str.startswith``: no
+        # prefix at all when the feature is off, so the test is always false.
+        self.prefix: tuple[str, ...] = ("topic://" + topic_prefix,) if topic_prefix else ()
+        self.trie: TopicTrie[MessageQueue] = TopicTrie()
+        self.filters: dict[MessageQueue, tuple[str, ...]] = {}
+        self.routes: dict[str, tuple[MessageQueue, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self.filters)
+
+    def topic_filter(self, queue_name: str) -> tuple[str, ...] | None:
+        """The levels of the topic (or filter) a queue is a consumer queue of; None for any other queue."""
+        if not self.prefix or not queue_name.startswith("queue://"):
+            return None
+        levels = name_of(queue_name).split(".")
+        n = len(self.consumer_levels)
+        if len(levels) <= n:
+            return None
+        for want, got in zip(self.consumer_levels, levels):
+            if want != got and want != ONE_LEVEL:
+                return None
+        topic = levels[n:]
+        if not ".".join(topic).startswith(self.topic_prefix):
+            return None
+        if any(level == ALL_LEVELS for level in topic[:-1]):
+            return None  # '>' before the end: no topic could match; a plain queue
+        return tuple(topic)
+
+    def add(self, queue: MessageQueue) -> bool:
+        """Index a queue if its name makes it a consumer queue; True if it does."""
+        if queue in self.filters:
+            return True
+        levels = self.topic_filter(queue.name)
+        if levels is None:
+            return False
+        self.filters[queue] = levels
+        self.trie.add(levels, queue)
+        self.routes.clear()
+        return True
+
+    def remove(self, queue: MessageQueue) -> bool:
+        levels = self.filters.pop(queue, None)
+        if levels is None:
+            return False
+        self.trie.remove(levels, queue)
+        self.routes.clear()
+        return True
+
+    def route(self, destination: str) -> tuple[MessageQueue, ...]:
+        """The consumer queues of a virtual topic (a canonical ``topic://`` name under the prefix)."""
+        found = self.routes.get(destination)
+        if found is None:
+            if len(self.routes) >= ROUTE_CACHE_SIZE:
+                self.routes.clear()
+            found = self.routes[destination] = tuple(self.trie.match(topic_levels(name_of(destination))))
         return found

@@ -15,6 +15,7 @@ from core.errors import (
 )
 from core.message import Message
 from core.policy import Policy
+from core.storage import RECORD_OVERHEAD
 from persistence.memory import MemoryStore
 
 
@@ -474,3 +475,270 @@ def test_non_persistent_messages_beyond_memory_spill_and_keep_their_order():
     c.subscribe("queue://mixed", sink)
     assert [b[:4] for b in sink.bodies] == ["%04d" % i for i in range(50)]
     assert not list(spill.iter_messages("queue://mixed"))
+
+
+# -- virtual topics (ActiveMQ's) ----------------------------------------------------
+
+VT = "topic://VirtualTopic.orders"
+QA = "queue://Consumer.A.VirtualTopic.orders"
+QB = "queue://Consumer.B.VirtualTopic.orders"
+
+
+def test_virtual_topic_copies_each_message_to_every_existing_consumer_queue():
+    store = MemoryStore()
+    broker, _ = make(store=store)
+    p = broker.connect()
+    send(p, VT, "before", persistent=True)  # no consumer queue yet: kept nowhere, as a topic message
+    assert store.destinations() == [] and QA not in broker.queues
+    a1, a2, b1, topic_sink = Sink(), Sink(), Sink(), Sink()
+    c = broker.connect()
+    c.subscribe(QA, a1, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=10)
+    c.subscribe(QA, a2, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=10)
+    c.subscribe(QB, b1, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=10)
+    c.subscribe(VT, topic_sink)
+    received = broker.messages_received
+    send(p, VT, *[str(i) for i in range(6)])
+    assert broker.messages_received == received + 6  # counted once, however many copies
+    # Group A shares them, group B gets all, the topic is still a topic.
+    assert a1.bodies == ["0", "2", "4"] and a2.bodies == ["1", "3", "5"]
+    assert b1.bodies == topic_sink.bodies == [str(i) for i in range(6)]
+    # A consumer queue that appears later gets what is published from then on.
+    late = Sink()
+    c.subscribe("queue://Consumer.C.VirtualTopic.orders", late)
+    send(p, VT, "6")
+    assert late.bodies == ["6"] and b1.bodies[-1] == "6"
+    # Each copy is the queue's own message: addressed to it, naming the topic.
+    copy = next(iter(broker.queues[QA].consumers[0].unacked.values())).message
+    assert copy.destination == QA and copy.headers["originalDestination"] == VT
+    # Other topics and other queues are left alone.
+    send(p, "topic://orders", "plain")
+    send(p, "topic://VirtualTopicX.orders", "not under the prefix")
+    assert b1.bodies[-1] == "6"
+
+
+def test_virtual_topic_persistent_copies_are_queue_messages_with_their_own_records():
+    store = MemoryStore()
+    broker, _ = make(store=store)
+    c = broker.connect()
+    for q in (QA, QB):
+        c.unsubscribe(c.subscribe(q, Sink()))  # the queues exist; their consumers have gone
+    send(c, VT, "p1", persistent=True)
+    send(c, VT, "t1")
+    assert store.destinations() == [QA, QB]  # nothing under the topic itself
+    (seq_a, _), = store.iter_messages(QA)
+    (seq_b, _), = store.iter_messages(QB)
+    assert seq_a != seq_b
+    assert [len(broker.queues[q]) for q in (QA, QB)] == [2, 2]
+    # Each stored copy counts against the store limit (a producer is held back by it).
+    assert broker.store_usage.bytes == 2 * (len(b"p1") + RECORD_OVERHEAD)
+    # Inside a transaction the copies are made at COMMIT, and not at all on ABORT.
+    c.begin("tx1")
+    c.send(msg(broker, VT, "in-tx", persistent=True), transaction="tx1")
+    assert [len(broker.queues[q]) for q in (QA, QB)] == [2, 2]
+    c.commit("tx1")
+    c.begin("tx2")
+    c.send(msg(broker, VT, "aborted", persistent=True), transaction="tx2")
+    c.abort("tx2")
+    assert [[e.message.body for e in broker.queues[q].messages()] for q in (QA, QB)] == [[b"p1", b"t1", b"in-tx"]] * 2
+
+
+def test_virtual_topic_groups_acks_redelivery_and_dead_letters_are_the_queues():
+    broker, _ = make(Policy(max_redeliveries=1, individual_dlq=True))
+    c = broker.connect()
+    s1, s2, b = Sink(), Sink(), Sink()
+    k1 = c.subscribe(QA, s1, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=10)
+    c.subscribe(QA, s2, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=10)
+    c.subscribe(QB, b, ack_mode=AckMode.AUTO)
+    send(c, VT, "g1", "g2", "g3", group_id="order-7")
+    assert s1.bodies == ["g1", "g2", "g3"] and s2.bodies == []  # one group, one consumer
+    # The owner leaves: its unacked messages go to the other member of group A, redelivered.
+    c.unsubscribe(k1)
+    assert [(body, r) for body, _, r in s2.got] == [("g1", 1), ("g2", 1), ("g3", 1)]
+    assert b.bodies == ["g1", "g2", "g3"]  # group B is not touched
+    k2 = next(k for k in c.consumers.values() if k.queue.name == QA)
+    c.nack(k2, s2.got[0][1])  # the second failure: past max_redeliveries=1
+    (dead,) = broker.queues["queue://DLQ.Consumer.A.VirtualTopic.orders"].messages()
+    assert dead.message.body == b"g1" and dead.message.headers["originalDestination"] == QA
+    assert "queue://DLQ.Consumer.A.VirtualTopic.orders" not in [q.name for q in broker.virtual.filters]
+
+
+def test_virtual_topic_wildcard_consumer_queues():
+    broker, _ = make()
+    c = broker.connect()
+    every, eu, exact = Sink(), Sink(), Sink()
+    wild = c.subscribe("queue://Consumer.A.VirtualTopic.>", every, ack_mode=AckMode.CLIENT_INDIVIDUAL)
+    c.subscribe("queue://Consumer.B.VirtualTopic.*.orders", eu)
+    c.subscribe("queue://Consumer.C.VirtualTopic.eu.orders", exact)
+    for name in ("queue://Consumer.D.VirtualTopic.>.x", "queue://Consumer.E.F.VirtualTopic.x", "queue://Consumer.VirtualTopic.x"):
+        c.subscribe(name, Sink())  # ordinary queues: not consumer queues of anything
+    send(c, VT, "o")
+    send(c, "topic://VirtualTopic.eu.orders", "eu")
+    send(c, "topic://VirtualTopic.eu.orders.late", "deep")
+    assert every.bodies == ["o", "eu", "deep"] and eu.bodies == ["eu"] and exact.bodies == ["eu"]
+    assert sorted(q.name for q in broker.virtual.filters) == [
+        "queue://Consumer.A.VirtualTopic.>", "queue://Consumer.B.VirtualTopic.*.orders",
+        "queue://Consumer.C.VirtualTopic.eu.orders",
+    ]
+    # A wildcard queue's consumers learn the topic from the copy.
+    assert [e.message.headers["originalDestination"] for e in wild.unacked.values()] == [
+        VT, "topic://VirtualTopic.eu.orders", "topic://VirtualTopic.eu.orders.late",
+    ]
+
+
+def test_virtual_topic_prefixes_are_configurable_and_can_be_turned_off():
+    broker, _ = make(Policy(virtual_topic_prefix="VT.", virtual_topic_consumer_prefix="Group.*.Sub."))
+    c = broker.connect()
+    mine, amq = Sink(), Sink()
+    c.subscribe("queue://Group.x.Sub.VT.a", mine)
+    c.subscribe("queue://Consumer.A.VirtualTopic.a", amq)
+    send(c, "topic://VT.a", "1")
+    send(c, "topic://VirtualTopic.a", "2")
+    assert mine.bodies == ["1"] and amq.bodies == []
+
+    broker, _ = make(Policy(virtual_topic_prefix="VT.", virtual_topic_consumer_prefix=""))
+    c = broker.connect()
+    same_name = Sink()
+    c.subscribe("queue://VT.a", same_name)  # an empty consumer prefix: the queue has the topic's name
+    send(c, "topic://VT.a", "3")
+    assert same_name.bodies == ["3"]
+
+    store = MemoryStore()
+    broker, _ = make(Policy(virtual_topic_prefix=""), store=store)
+    c = broker.connect()
+    off = Sink()
+    c.subscribe(QA, off)
+    send(c, VT, "4", persistent=True)
+    assert off.bodies == [] and len(broker.virtual) == 0 and store.destinations() == []
+
+    with pytest.raises(ValueError, match="end with"):
+        make(Policy(virtual_topic_consumer_prefix="Consumer.*"))
+    with pytest.raises(ValueError, match="'>'"):
+        make(Policy(virtual_topic_consumer_prefix="Consumer.>."))
+    with pytest.raises(ValueError, match="not a filter"):
+        make(Policy(virtual_topic_prefix="VirtualTopic.>"))  # ActiveMQ's name="VirtualTopic.>" is prefix "VirtualTopic."
+
+
+def test_virtual_topic_consumer_queues_and_their_messages_survive_a_restart():
+    store = MemoryStore()
+    broker, _ = make(store=store)
+    c = broker.connect()
+    for q in (QA, QB):
+        c.unsubscribe(c.subscribe(q, Sink()))
+    send(c, VT, "kept", persistent=True)
+    send(c, VT, "transient")
+    b_sink = Sink()
+    consumer = c.subscribe(QB, b_sink, ack_mode=AckMode.CLIENT_INDIVIDUAL)
+    for _, tag, _ in list(b_sink.got):
+        c.ack(consumer, tag)  # group B has nothing left: its queue is empty at the restart
+    assert list(store.iter_messages(QB)) == []
+    broker.stop()
+
+    again, _ = make(store=store.reopen())
+    # Both queues are consumer queues again (B from its record, A also from its messages).
+    assert sorted(q.name for q in again.virtual.filters) == [QA, QB]
+    p = again.connect()
+    send(p, VT, "after", persistent=True)  # before either group is back
+    a_sink, b_sink = Sink(), Sink()
+    p.subscribe(QA, a_sink)
+    p.subscribe(QB, b_sink)
+    assert [(b, r) for b, _, r in a_sink.got] == [("kept", 0), ("after", 0)]
+    assert b_sink.bodies == ["after"]
+
+
+def test_virtual_topic_records_follow_the_policy_and_deleted_queues():
+    store = MemoryStore()
+    broker, _ = make(store=store)
+    c = broker.connect()
+    c.unsubscribe(c.subscribe(QA, Sink()))
+    c.unsubscribe(c.subscribe(QB, Sink()))
+    send(c, VT, "x", persistent=True)
+    consumer = c.subscribe(QB, Sink())
+    with pytest.raises(BrokerError, match="has consumers"):
+        broker.delete_queue(QB)
+    c.unsubscribe(consumer)
+    assert broker.delete_queue(QA) == 1
+    assert QA not in broker.queues and list(store.iter_messages(QA)) == []
+    send(c, VT, "y")
+    assert QA not in broker.queues  # no longer copied to
+    with pytest.raises(UnknownDestination):
+        broker.delete_queue(QA)
+    broker.stop()
+
+    again, _ = make(store=store.reopen())
+    assert [q.name for q in again.virtual.filters] == [QB]
+    again.stop()
+    # Under another naming the old records describe no consumer queue: they go.
+    reopened = store.reopen()
+    other, _ = make(Policy(virtual_topic_consumer_prefix="Group.*."), store=reopened)
+    assert len(other.virtual) == 0 and list(reopened.iter_records("consumer-queue")) == []
+
+
+def test_virtual_topic_duplicates_retained_and_streams_see_the_publish_once():
+    from core.stream_config import StreamSpec
+
+    clock = Clock()
+    clock.advance(1_000_000)
+    store = MemoryStore()
+    broker = Broker(store, clock, Policy(), streams=[StreamSpec("s", ["topic://VirtualTopic.>"])])
+    broker.start()
+    c = broker.connect()
+    a = Sink()
+    c.subscribe(QA, a)
+    dup = {"_AMQ_DUPL_ID": "one"}
+    c.send(msg(broker, VT, "once", headers=dup, persistent=True))
+    c.send(msg(broker, VT, "once", headers=dup, persistent=True))  # a retry: dropped before any copy
+    c.send(msg(broker, VT, "kept"), retain=True)
+    assert a.bodies == ["once", "kept"]
+    assert [m.body for m in broker.retained_for(VT)] == [b"kept"]  # retained as the topic's
+    store.flush()
+    stream = broker.streams.get("s")
+    assert stream.read(0, 0, None).count == 2  # the publishes, not the copies
+    broker.stop()
+
+
+def test_virtual_topic_copies_are_written_in_the_publishs_batch(tmp_path):
+    import gc
+
+    from persistence.rocks import RocksStore
+
+    path = str(tmp_path / "store")
+    store = RocksStore(path)
+    broker, _ = make(store=store)
+    c = broker.connect()
+    for q in (QA, QB):
+        c.unsubscribe(c.subscribe(q, Sink()))
+    store.flush()
+    send(c, VT, "both or neither", persistent=True)
+    assert list(store.iter_messages(QA)) == list(store.iter_messages(QB)) == []  # still in the open batch
+    store.flush()
+    assert len(list(store.iter_messages(QA))) == len(list(store.iter_messages(QB))) == 1
+    broker.stop()
+    store.close()
+    del broker, c, store
+    gc.collect()
+
+    store = RocksStore(path)
+    again, _ = make(store=store)
+    assert sorted(q.name for q in again.virtual.filters) == [QA, QB]
+    sink = Sink()
+    again.connect().subscribe(QA, sink)
+    assert sink.bodies == ["both or neither"]
+    again.stop()
+    store.close()
+
+
+def test_virtual_topic_copy_keeps_every_field_of_the_message():
+    from core.broker import _consumer_copy
+
+    original = Message(
+        "ID:x-1", VT, b"body", {"k": "v"}, persistent=True, priority=7, expiration=123, timestamp=45,
+        group_id="g", group_seq=3, correlation_id="c", reply_to="queue://r", content_type="text/plain", origin="conn-1",
+    )
+    copy = _consumer_copy(original, QA)
+    assert (copy.destination, copy.headers, copy.cache) == (QA, {"k": "v", "originalDestination": VT}, None)
+    assert original.headers == {"k": "v"}
+    for name in Message.__slots__:
+        if name not in ("destination", "headers", "cache"):
+            assert getattr(copy, name) == getattr(original, name), name
+    # A field added to Message must be set above (non-default) and copied by _consumer_copy.
+    assert {name for name in Message.__slots__ if getattr(original, name) in (None, 0, False, b"", {})} == {"cache"}
