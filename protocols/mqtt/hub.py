@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
+from core.access import Access, AllowAll
 from core.broker import Broker
 from core.errors import BrokerError
 from core.queue import MessageQueue
 from core.retained import RetainedLimit
+from protocols.auth import Anonymous, Authenticator
 from protocols.mqtt import codec as mq
 from protocols.mqtt.names import InvalidTopic, filter_to_canonical, topic_to_canonical
 from protocols.mqtt.state import (
@@ -35,9 +37,15 @@ log = Logger(namespace="gateway.mqtt")
 
 
 class MqttHub:
-    def __init__(self, broker: Broker, settings: MqttSettings) -> None:
+    def __init__(
+        self, broker: Broker, settings: MqttSettings,
+        authenticator: Authenticator | None = None, access: Access | None = None,
+    ) -> None:
         self.broker = broker
         self.settings = settings
+        # One user store and one set of rules for every MQTT listener (TCP, TLS, WebSocket).
+        self.authenticator: Authenticator = authenticator or Anonymous()
+        self.access: Access = access or AllowAll()
         self.clients: dict[str, ClientSession] = {}
         self.live: set[MqttSession] = set()
         self.queue_filters = [

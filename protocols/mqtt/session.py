@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from twisted.logger import Logger
 
 from core import destination as dest
+from core.access import ANONYMOUS, AllowAll, Permission, Principal
 from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.destination import InvalidDestination
@@ -66,6 +67,7 @@ from protocols.mqtt.state import (
     message_qos,
     options_of,
 )
+from protocols.auth import Credentials, certificate_user
 from protocols.outbox import Outbox
 from protocols.transport import Transport
 
@@ -84,6 +86,7 @@ class Phase(enum.Enum):
     """Where a connection is (wsproto's ``ConnectionState``); MQTT has no closing handshake."""
 
     AWAITING_CONNECT = "awaiting CONNECT"
+    AUTHENTICATING = "authenticating"  # CONNECT read, its credentials being checked: reading paused
     CONNECTED = "connected"
     CLOSED = "closed"
 
@@ -113,6 +116,11 @@ class MqttSession:
         self.decoder = MqttDecoder(max_packet_size=self.settings.max_packet_size, server=True)
         self.level = 4
         self.phase = Phase.AWAITING_CONNECT
+        self.principal = ANONYMOUS
+        self._waiting: list[Any] = []  # packets read while authenticating, handled once connected
+        self._auth_paused = False
+        # With no rules everything is allowed: the checks are skipped, not made.
+        self._checked = not isinstance(hub.access, AllowAll)
         # Phase.CLOSED as a plain attribute: read for every packet and write, where a property costs a call.
         self.closed = False
         self.live: Connected | None = None
@@ -165,7 +173,14 @@ class MqttSession:
         for packet in packets:
             if self.closed:
                 return
+            if self._authenticating():
+                self._waiting.append(packet)  # handled once the credentials are checked
+                continue
             self._dispatch(packet)
+
+    def _authenticating(self) -> bool:
+        """CONNECT's credentials are being checked (a method: handlers change the phase under mypy's narrowing)."""
+        return self.phase is Phase.AUTHENTICATING
 
     def _dispatch(self, packet: Any) -> None:
         try:
@@ -259,6 +274,58 @@ class MqttSession:
                     log.info("[{label}] CONNECT refused: will topic: {why}", label=self.label, why=str(exc))
                     self._close()
                 return
+        credentials = Credentials(
+            packet.username, packet.password, certificate_user(self.transport), self.remote, f"mqtt/{self.level}", client_id,
+        )
+        self.phase = Phase.AUTHENTICATING
+        self.hub.authenticator.authenticate(credentials, partial(self._authenticated, packet, client_id, assigned, expiry))
+        if self.phase is Phase.AUTHENTICATING:
+            # The answer comes later (a slow hash, off the reactor thread): read nothing meanwhile.
+            self._auth_paused = True
+            self.transport.pause_reading("authenticating")
+
+    def _authenticated(
+        self, packet: mq.Connect, client_id: str, assigned: str | None, expiry: int, principal: Principal | None, why: str,
+    ) -> None:
+        """The authenticator's answer to this connection's CONNECT (now, or in a later turn)."""
+        if self.phase is not Phase.AUTHENTICATING:
+            return  # closed meanwhile
+        resume = self._auth_paused
+        self._auth_paused = False
+        try:
+            if principal is None:
+                # 3.x: 4 for a bad user name or password, 5 for no credentials at all; 5.0: 0x86 / 0x87.
+                given = packet.username is not None or packet.password is not None
+                self._refuse(
+                    ConnackReturnCode.BAD_USERNAME_OR_PASSWORD if given else ConnackReturnCode.NOT_AUTHORIZED,
+                    ReasonCode.BAD_USER_NAME_OR_PASSWORD if given else ReasonCode.NOT_AUTHORIZED,
+                    why or "bad user name or password",
+                )
+            else:
+                self.principal = principal
+                will = packet.will
+                if will is not None and not self.hub.access.allowed(
+                    principal, Permission.WRITE, topic_to_canonical(will.topic), client_id,
+                ):
+                    self._refuse(
+                        ConnackReturnCode.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED,
+                        f"publishing the will to {will.topic} is not allowed for this user",
+                    )
+                else:
+                    self._connected(packet, client_id, assigned, expiry)
+        except Exception:
+            log.failure("[{label}] internal error handling CONNECT", label=self.label)
+            self._protocol_error(ReasonCode.UNSPECIFIED_ERROR, "internal error")
+        waiting, self._waiting = self._waiting, []
+        if resume and not self.closed:
+            self.transport.resume_reading("authenticating")
+        for queued in waiting:
+            if self.closed:
+                return
+            self._dispatch(queued)
+
+    def _connected(self, packet: mq.Connect, client_id: str, assigned: str | None, expiry: int) -> None:
+        props = packet.properties
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
@@ -366,17 +433,28 @@ class MqttSession:
         stored_before = usage.bytes
         try:
             destination = self._publish_destination(topic)
-            message = self._message(destination, packet, props)
-            try:
-                live.conn.send(message, retain=packet.retain and destination.startswith("topic://"))
-            except RetainedLimit as exc:
+            if self._checked and not self.hub.access.allowed(self.principal, Permission.WRITE, destination, live.client.client_id):
+                log.info(
+                    "[{label}] {user} may not publish to {topic!r}: dropped", label=self.label,
+                    user=self.principal.name or "anonymous", topic=topic,
+                )
                 if self.level == 5 and qos:
-                    self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, str(exc))  # PUBACK/PUBREC 0x97: not published
+                    self._reject_publish(packet, ReasonCode.NOT_AUTHORIZED, f"publishing to {topic} is not allowed for this user")
                     return
-                # 3.x (and a 5.0 QoS 0 publish, which has no answer): published, not retained.
-                log.info("[{label}] retained flag dropped on {topic!r}: {why}", label=self.label, topic=topic, why=str(exc))
-                message = build_message(self.broker, destination, packet.payload, qos, False, props)
-                live.conn.send(message)
+                # 3.x has no way to say so (and 5.0 QoS 0 no answer): acknowledged, not routed,
+                # so the client does not resend it forever (as Mosquitto).
+            else:
+                message = self._message(destination, packet, props)
+                try:
+                    live.conn.send(message, retain=packet.retain and destination.startswith("topic://"))
+                except RetainedLimit as exc:
+                    if self.level == 5 and qos:
+                        self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, str(exc))  # PUBACK/PUBREC 0x97: not published
+                        return
+                    # 3.x (and a 5.0 QoS 0 publish, which has no answer): published, not retained.
+                    log.info("[{label}] retained flag dropped on {topic!r}: {why}", label=self.label, topic=topic, why=str(exc))
+                    message = build_message(self.broker, destination, packet.payload, qos, False, props)
+                    live.conn.send(message)
         except (InvalidTopic, BrokerError) as exc:
             self._reject_publish(packet, ReasonCode.TOPIC_NAME_INVALID, str(exc))
             return
@@ -681,6 +759,11 @@ class MqttSession:
         except (InvalidTopic, InvalidDestination) as exc:
             log.info("[{label}] SUBSCRIBE {f!r} refused: {why}", label=self.label, f=mqtt_filter, why=str(exc))
             return ReasonCode.TOPIC_FILTER_INVALID if self.level == 5 else SUBACK_FAILURE
+        if self._checked and not self.hub.access.allowed(self.principal, Permission.READ, canonical, client.client_id):
+            log.info(
+                "[{label}] {user} may not subscribe to {f!r}", label=self.label, user=self.principal.name or "anonymous", f=mqtt_filter,
+            )
+            return ReasonCode.NOT_AUTHORIZED if self.level == 5 else SUBACK_FAILURE
         if group is not None and request.no_local and self.level == 5:
             raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
         existed = mqtt_filter in client.filters

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from twisted.logger import Logger
 
+from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal
 from core.broker import Broker
 from core.connection import Connection
 from core.consumer import AckMode, Consumer
@@ -20,6 +21,7 @@ from core.entry import Entry
 from core.errors import BrokerError, UnknownDestination
 from core.message import Message
 from core.stream_config import UnknownStream
+from protocols.auth import Anonymous, Authenticator, Credentials, certificate_user
 from protocols.outbox import Outbox
 from protocols.stomp import names
 from protocols.stomp.codec import (
@@ -82,6 +84,7 @@ class Phase(enum.Enum):
     """Where a session is (wsproto's ``ConnectionState``): each frame is handled by what its phase allows."""
 
     AWAITING_CONNECT = "awaiting CONNECT"
+    AUTHENTICATING = "authenticating"  # CONNECT read, its credentials being checked: reading paused
     CONNECTED = "connected"
     DISCONNECTING = "disconnecting"  # DISCONNECT with a receipt seen: nothing after it is handled
     CLOSED = "closed"
@@ -122,8 +125,18 @@ class Connected:
 
 
 class StompSession:
-    def __init__(self, broker: Broker, transport: Transport, settings: StompSettings, remote: str = "") -> None:
+    def __init__(
+        self, broker: Broker, transport: Transport, settings: StompSettings, remote: str = "",
+        authenticator: Authenticator | None = None, access: Access | None = None,
+    ) -> None:
         self.broker = broker
+        self.authenticator: Authenticator = authenticator or Anonymous()
+        self.access: Access = access or AllowAll()
+        # With no rules everything is allowed: the checks are skipped, not made.
+        self._checked = not isinstance(self.access, AllowAll)
+        self.principal = ANONYMOUS
+        self._waiting: list[bytes] = []  # read while authenticating, handled once connected
+        self._auth_paused = False
         self.transport = transport
         self.settings = settings
         self.remote = remote
@@ -148,6 +161,10 @@ class StompSession:
         if settings.connect_timeout > 0:
             self._connect_timer = broker.clock.callLater(settings.connect_timeout, self._connect_timed_out)
 
+    def _authenticating(self) -> bool:
+        """CONNECT's credentials are being checked (a method: handlers change the phase under mypy's narrowing)."""
+        return self.phase is Phase.AUTHENTICATING
+
     def _ended(self) -> bool:
         """Nothing more is read: closed, or DISCONNECT seen."""
         return self.phase is Phase.CLOSED or self.phase is Phase.DISCONNECTING
@@ -165,6 +182,9 @@ class StompSession:
     # -- input ------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self.phase is Phase.AUTHENTICATING:
+            self._waiting.append(data)  # reading is paused; this was already on its way
+            return
         if self._ended():
             return
         self._last_read = self._now()
@@ -183,7 +203,10 @@ class StompSession:
                 if self._ended():
                     return
                 self._handle(frame)
-            # The decoder pauses after CONNECT so the rest is read with the negotiated version.
+            # The decoder pauses after CONNECT so the rest is read with the negotiated
+            # version -- and, while the credentials are checked, not read at all.
+            if self._authenticating():
+                return
             if self.closed or not frames or frames[-1].command not in ("CONNECT", "STOMP") or not self.decoder.buffered:
                 return
             data = b""
@@ -255,6 +278,47 @@ class StompSession:
             raise StompError("Client id in use", f"client-id {client_id!r} is already connected")
         self.version = version
         self.decoder.version = version
+        passcode = headers.get("passcode")
+        credentials = Credentials(
+            headers.get("login"), None if passcode is None else passcode.encode("utf-8", "surrogateescape"),
+            certificate_user(self.transport), self.remote, f"stomp/{version}", client_id,
+        )
+        self.phase = Phase.AUTHENTICATING
+        self.authenticator.authenticate(credentials, partial(self._authenticated, frame))
+        if self.phase is Phase.AUTHENTICATING:
+            # The answer comes later (a slow hash, off the reactor thread): read nothing meanwhile.
+            self._auth_paused = True
+            self.transport.pause_reading("authenticating")
+
+    def _authenticated(self, frame: Frame, principal: Principal | None, why: str) -> None:
+        """The authenticator's answer to this connection's CONNECT (now, or in a later turn)."""
+        if self.phase is not Phase.AUTHENTICATING:
+            return  # closed meanwhile
+        resume = self._auth_paused
+        self._auth_paused = False
+        try:
+            if principal is None:
+                log.info("[{label}] CONNECT refused: {why}", label=self.label, why=why)
+                raise StompError("Access refused", why or "bad user name or password")
+            self.principal = principal
+            self._connected(frame)
+        except StompError as exc:
+            self._fail(exc.message, exc.detail, frame.headers.get("receipt"))
+        except Exception:
+            log.failure("[{label}] internal error handling CONNECT", label=self.label)
+            self._fail("Internal error", "the broker failed to handle CONNECT; see its log")
+        if resume and not self.closed:
+            self.transport.resume_reading("authenticating")
+            waiting, self._waiting = self._waiting, []
+            if waiting or self.decoder.buffered:
+                self.data_received(b"".join(waiting))
+
+    def _connected(self, frame: Frame) -> None:
+        headers = frame.headers
+        version = self.version
+        client_id = headers.get("client-id") or None
+        if client_id is not None and self.broker.client_connected(client_id):
+            raise StompError("Client id in use", f"client-id {client_id!r} is already connected")
         if self._connect_timer is not None and self._connect_timer.active():
             self._connect_timer.cancel()
         self._connect_timer = None
@@ -359,9 +423,22 @@ class StompSession:
             return every
         return (self._destination(live, frame),)
 
+    def _allow(self, live: Connected, permission: Permission, destination: str, frame: Frame) -> None:
+        """Refuse with an ERROR naming the destination (the receipt-id is added by _handle) unless allowed."""
+        if not self.access.allowed(self.principal, permission, destination, live.conn.client_id):
+            name = frame.headers.get("destination", destination)
+            log.info(
+                "[{label}] {user} may not {what} {d}", label=self.label, user=self.principal.name or "anonymous",
+                what=permission.value, d=destination,
+            )
+            raise StompError("Access denied", f"{permission.value} access to {name} is not allowed for this user")
+
     def _on_send(self, live: Connected, frame: Frame) -> None:
         h = frame.headers
         destinations = self._send_destinations(live, frame)
+        if self._checked:
+            for destination in destinations:
+                self._allow(live, Permission.WRITE, destination, frame)
         broker = self.broker
         persistent_text = h.get("persistent")
         persistent = broker.policy.default_persistent if persistent_text is None else persistent_text.lower() in _TRUE
@@ -434,6 +511,8 @@ class StompSession:
         destination = self._destination(live, frame)
         if "x-message-ttl" in h:
             self._relative_expiry(h, 0)  # refused, saying what to use instead
+        if self._checked:
+            self._allow(live, Permission.READ, destination, frame)
         sub_id = h.get("id")
         if sub_id is None:
             if self.version != "1.0":

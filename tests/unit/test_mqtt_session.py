@@ -615,3 +615,103 @@ def test_paused_transport_holds_deliveries_until_resumed(world):
     assert sub.received() == []
     sub.session.resume_producing()
     assert [(p.payload, p.qos) for p in sub.received()] == [(b"1", 1), (b"2", 0)]
+
+
+# -- authentication and authorization ----------------------------------------------------------
+
+
+class LaterAuthenticator:
+    """Answers when the test says, as a slow hash off the reactor thread would."""
+
+    def __init__(self, at_once: tuple[str, ...] = ()) -> None:
+        self.pending: list[Any] = []
+        self.at_once = at_once  # client ids answered at once (anonymous)
+
+    def authenticate(self, credentials: Any, answer: Any) -> None:
+        from core.access import ANONYMOUS
+
+        if credentials.client_id in self.at_once:
+            answer(ANONYMOUS, "")
+        else:
+            self.pending.append((credentials, answer))
+
+
+class SensorsOnly:
+    """Write and read below sensors/ only."""
+
+    def allowed(self, principal: Any, permission: Any, destination: str, client_id: Any = None) -> bool:
+        return destination.startswith("topic://sensors.")
+
+
+def secured_world(authenticator: Any = None, access: Any = None) -> World:
+    from protocols.auth import Anonymous
+
+    world = World()
+    world.hub = MqttHub(world.broker, MqttSettings(), authenticator=authenticator or Anonymous(), access=access)
+    return world
+
+
+@BOTH
+def test_packets_after_connect_wait_for_the_credentials(level):
+    from core.access import Principal
+
+    auth = LaterAuthenticator(at_once=("watcher",))
+    world = secured_world(auth)
+    sub = world.subscriber("watcher", "sensors/#", 1, level)
+    c = world.client(level)
+    c.send(
+        mq.Connect("MQTT", level, True, 0, "dev1", username="dev1", password=b"pw"),
+        mq.Publish("sensors/t", b"21", 1, False, packet_id=5),
+    )
+    ((credentials, answer),) = auth.pending
+    assert (credentials.login, credentials.secret, credentials.client_id) == ("dev1", b"pw", "dev1")
+    assert c.received() == [] and c.transport.paused == {"authenticating"}
+    answer(Principal("dev1"), "")
+    connack, puback = c.received()
+    assert connack.reason_code == 0 and puback == mq.Puback(5)
+    assert c.transport.paused == set()
+    assert [p.payload for p in sub.received()] == [b"21"]
+
+
+@pytest.mark.parametrize(("level", "username", "code"), [
+    (4, "dev1", mq.ConnackReturnCode.BAD_USERNAME_OR_PASSWORD),
+    (4, None, mq.ConnackReturnCode.NOT_AUTHORIZED),
+    (5, "dev1", ReasonCode.BAD_USER_NAME_OR_PASSWORD),
+    (5, None, ReasonCode.NOT_AUTHORIZED),
+])
+def test_refused_credentials_get_the_connack_of_the_level(level, username, code):
+    auth = LaterAuthenticator()
+    world = secured_world(auth)
+    c = world.client(level)
+    c.send(mq.Connect("MQTT", level, True, 0, "dev1", username=username, password=b"nope" if username else None))
+    auth.pending[0][1](None, "bad user name or password")
+    (connack,) = c.received()
+    assert connack.reason_code == code and not connack.session_present and c.closed
+    assert "dev1" not in world.hub.clients
+
+
+@BOTH
+def test_denied_publish_and_subscribe(level):
+    world = secured_world(access=SensorsOnly())
+    sub = world.subscriber("watcher", "sensors/#", 1, level)
+    c = world.connected("dev1", level)
+    assert c.subscribe(2, ("admin/#", 1), ("sensors/a", 1)) == [ReasonCode.NOT_AUTHORIZED if level == 5 else 0x80, 1]
+    c.send(mq.Publish("admin/cmd", b"x", 1, False, packet_id=3))
+    if level == 5:
+        assert c.received() == [mq.Puback(3, ReasonCode.NOT_AUTHORIZED, {"reason_string": "publishing to admin/cmd is not allowed for this user"})]
+    else:
+        assert c.received() == [mq.Puback(3)]  # 3.1.1 cannot be told: acknowledged and dropped
+    assert not c.closed and sub.received() == []
+    c.send(mq.Publish("sensors/a", b"ok", 1, False, packet_id=4))
+    assert mq.Puback(4) in c.received()
+    assert [p.payload for p in sub.received()] == [b"ok"]
+
+
+@BOTH
+def test_a_will_the_user_may_not_publish_refuses_the_connect(level):
+    world = secured_world(access=SensorsOnly())
+    c = world.client(level)
+    c.send(mq.Connect("MQTT", level, True, 0, "dev1", will=mq.Will("admin/gone", b"x", 0, False)))
+    (connack,) = c.received()
+    assert connack.reason_code == (ReasonCode.NOT_AUTHORIZED if level == 5 else mq.ConnackReturnCode.NOT_AUTHORIZED)
+    assert c.closed

@@ -145,3 +145,91 @@ def test_a_refused_connect_never_reaches_the_connected_phase():
     assert s.phase is Phase.CLOSED and s.live is None and t.closed
     (error,) = frames(t)
     assert error.command == "ERROR" and error.headers["version"] == "1.0,1.1,1.2"
+
+
+class LaterAuthenticator:
+    """Answers when the test says, as a slow hash off the reactor thread would."""
+
+    def __init__(self):
+        self.pending = []
+
+    def authenticate(self, credentials, answer):
+        self.pending.append((credentials, answer))
+
+
+class Paused(FakeTransport):
+    def __init__(self):
+        super().__init__()
+        self.paused = set()
+
+    def pause_reading(self, reason=""):
+        self.paused.add(reason)
+
+    def resume_reading(self, reason=""):
+        self.paused.discard(reason)
+
+
+def authenticated_session(authenticator, access=None):
+    from core.access import AllowAll
+
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock)
+    broker.start()
+    transport = Paused()
+    s = StompSession(broker, transport, StompSettings(), "test", authenticator=authenticator, access=access or AllowAll())
+    return s, transport
+
+
+def test_frames_after_connect_wait_for_the_credentials_with_reading_paused():
+    from core.access import Principal
+    from protocols.stomp.session import Phase
+
+    auth = LaterAuthenticator()
+    s, t = authenticated_session(auth)
+    s.data_received(
+        encode_frame("CONNECT", {"accept-version": "1.2", "login": "alice", "passcode": "pw"}.items())
+        + encode_frame("SEND", {"destination": "/queue/q", "receipt": "r1"}.items(), b"after connect")
+    )
+    ((credentials, answer),) = auth.pending
+    assert (credentials.login, credentials.secret, credentials.protocol) == ("alice", b"pw", "stomp/1.2")
+    assert s.phase is Phase.AUTHENTICATING and t.paused == {"authenticating"} and t.data == b""
+    s.data_received(encode_frame("SEND", {"destination": "/queue/q"}.items(), b"read meanwhile"))
+    answer(Principal("alice"), "")
+    assert s.phase is Phase.CONNECTED and t.paused == set() and s.principal.name == "alice"
+    assert [f.command for f in frames(t)] == ["CONNECTED", "RECEIPT"]
+    assert [e.message.body for e in s.broker.queues["queue://q"].messages()] == [b"after connect", b"read meanwhile"]
+
+
+def test_refused_credentials_get_an_error_and_nothing_after_is_handled():
+    auth = LaterAuthenticator()
+    s, t = authenticated_session(auth)
+    s.data_received(
+        encode_frame("CONNECT", {"accept-version": "1.2", "login": "mallory", "passcode": "guess"}.items())
+        + encode_frame("SEND", {"destination": "/queue/q"}.items(), b"must not be stored")
+    )
+    auth.pending[0][1](None, "bad user name or password")
+    (error,) = frames(t)
+    assert (error.command, error.headers["message"]) == ("ERROR", "Access refused")
+    assert error.body == b"bad user name or password" and t.closed
+    assert "queue://q" not in s.broker.queues
+
+
+class DenyQueue:
+    def allowed(self, principal, permission, destination, client_id=None):
+        return not destination.startswith("queue://secret")
+
+
+def test_denied_send_and_subscribe_get_an_error_naming_the_destination_with_the_receipt():
+    from protocols.auth import Anonymous
+
+    for frame in (
+        encode_frame("SEND", {"destination": "/queue/secret", "receipt": "r9"}.items(), b"x"),
+        encode_frame("SUBSCRIBE", {"destination": "/queue/secret", "id": "1", "receipt": "r9"}.items()),
+        encode_frame("SEND", {"destination": "/queue/open,/queue/secret", "receipt": "r9"}.items(), b"x"),
+    ):
+        s, t = authenticated_session(Anonymous(), DenyQueue())
+        s.data_received(encode_frame("CONNECT", {"accept-version": "1.2"}.items()) + frame)
+        connected, error = frames(t)
+        assert error.headers["message"] == "Access denied" and error.headers["receipt-id"] == "r9"
+        assert b"/queue/secret is not allowed" in error.body and t.closed
+        assert not s.broker.queues.get("queue://open") or len(s.broker.queues["queue://open"]) == 0
