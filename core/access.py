@@ -44,3 +44,210 @@ class AllowAll:
 
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         return True
+
+
+# Rules: who may do what with which destinations ([[auth.rules]] in the configuration).
+
+WHO_ALL = "*"
+WHO_ANONYMOUS = "anonymous"
+USERNAME = "{username}"
+CLIENT_ID = "{client_id}"
+_KINDS = ("queue", "topic", "temp-queue", "stream")
+_ONE, _REST = "*", ">"  # core.destination's wildcards (levels, as in core/trie.py)
+# What a name may not contain to fill one level of a pattern: separators and wildcards of both protocols.
+_NOT_IN_A_LEVEL = frozenset(".*>+#")
+_SWAP = str.maketrans({"/": ".", ".": "/"})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ``[[auth.rules]]`` entry, checked: build it with ``Rule.parse``.
+
+    ``who``: ``user:NAME``, ``group:NAME``, ``anonymous`` or ``*`` (everyone,
+    anonymous included).  ``destinations``: canonical names with the broker's
+    wildcards (``*`` one level, ``>`` the rest) and ``{username}`` or
+    ``{client_id}`` filling a whole level.
+    """
+
+    who: str
+    allow: bool
+    permissions: frozenset[Permission]
+    destinations: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, who: object, access: object, permissions: object, destinations: object) -> Rule:
+        """Raises ValueError saying what is wrong, in the configuration's words."""
+        if not isinstance(who, str) or not (
+            who in (WHO_ALL, WHO_ANONYMOUS) or (who.startswith(("user:", "group:")) and who.split(":", 1)[1])
+        ):
+            raise ValueError(f'who must be "user:NAME", "group:NAME", "anonymous" or "*", got {who!r}')
+        if access not in ("allow", "deny"):
+            raise ValueError(f'access must be "allow" or "deny", got {access!r}')
+        known = {p.value: p for p in Permission}
+        if not isinstance(permissions, list) or not permissions:
+            raise ValueError(f"permissions must be a non-empty list of {', '.join(known)}")
+        for p in permissions:
+            if p not in known:
+                raise ValueError(f"unknown permission {p!r}: use {', '.join(known)}")
+        if not isinstance(destinations, list) or not destinations:
+            raise ValueError('destinations must be a non-empty list of patterns like "topic://sensors.>"')
+        for pattern in destinations:
+            _check_pattern(pattern)
+        return cls(who, access == "allow", frozenset(known[p] for p in permissions), tuple(destinations))
+
+
+def _check_pattern(pattern: object) -> None:
+    if not isinstance(pattern, str) or "://" not in pattern or pattern.split("://", 1)[0] not in _KINDS:
+        raise ValueError(f"{pattern!r} is not a pattern like \"topic://sensors.>\" (queue://, topic://, temp-queue:// or stream://)")
+    levels = pattern.split("://", 1)[1].split(".")
+    if levels == [""]:
+        raise ValueError(f"{pattern!r}: empty name")
+    for i, level in enumerate(levels):
+        if level == _REST and i != len(levels) - 1:
+            raise ValueError(f"{pattern!r}: '>' must be the last level")
+        if ("{" in level or "}" in level) and level not in (USERNAME, CLIENT_ID):
+            raise ValueError(f"{pattern!r}: {USERNAME} and {CLIENT_ID} must fill a whole level, as in \"topic://sensors.{{username}}.>\"")
+
+
+def fill_level(value: str | None) -> str | None:
+    """A user name or client id as one level of a canonical name, or None when it cannot be one.
+
+    The name fills the level as an MQTT client writes it: a ``.`` in it is
+    the ``/`` of the canonical level (core's swap, protocols/mqtt/names.py),
+    so user ``alice@example.com`` owns MQTT ``sensors/alice@example.com/#``.
+    A name with a separator or a wildcard of either protocol, or no name
+    (anonymous), fills no level: such a pattern never matches it.
+    """
+    if not value:
+        return None
+    level = value.translate(_SWAP)
+    if _NOT_IN_A_LEVEL.intersection(level):
+        return None
+    return level
+
+
+def covers(pattern: tuple[str, ...], target: tuple[str, ...]) -> bool:
+    """Whether every name that ``target`` (a name or a filter) matches is matched by ``pattern``.
+
+    The semantics are the trie's (core/trie.py): ``*`` one level, ``>`` this
+    level and all below (the parent included), and a leading wildcard never
+    matches a first level starting with ``$``.  For a name without wildcards
+    this is ``filter_matches``.
+    """
+    if target and target[0].startswith("$") and target[0] not in (_ONE, _REST) and pattern and pattern[0] in (_ONE, _REST):
+        return False
+    for i, t in enumerate(target):
+        if i >= len(pattern):
+            return False
+        p = pattern[i]
+        if p == _REST:
+            return True
+        if t == _REST:
+            # Names of this level and below, and the parent: only ``*.>`` at the top, where there is no parent, is as wide.
+            return i == 0 and pattern == (_ONE, _REST)
+        if (t == _ONE and p != _ONE) or (p != _ONE and p != t):
+            return False
+    return len(pattern) == len(target) or (len(pattern) == len(target) + 1 and pattern[-1] == _REST)
+
+
+def overlaps(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether some name is matched by both ``a`` and ``b`` (names or filters)."""
+    for first, second in ((a, b), (b, a)):
+        if first and second and first[0] in (_ONE, _REST) and second[0] not in (_ONE, _REST) and second[0].startswith("$"):
+            return False
+    for x, y in zip(a, b):
+        if x == _REST or y == _REST:
+            return True
+        if x != y and x != _ONE and y != _ONE:
+            return False
+    if len(a) == len(b):
+        return True
+    longer = a if len(a) > len(b) else b
+    return len(longer) == min(len(a), len(b)) + 1 and longer[-1] == _REST
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    kind: str
+    levels: tuple[str, ...]
+    filled: bool  # has {username} or {client_id}
+
+    def resolve(self, principal: Principal, client_id: str | None) -> tuple[str, ...] | None:
+        if not self.filled:
+            return self.levels
+        out = []
+        for level in self.levels:
+            if level == USERNAME or level == CLIENT_ID:
+                value = fill_level(principal.name if level == USERNAME else client_id)
+                if value is None:
+                    return None
+                level = value
+            out.append(level)
+        return tuple(out)
+
+
+def _applies(who: str, principal: Principal) -> bool:
+    if who == WHO_ALL:
+        return True
+    if who == WHO_ANONYMOUS:
+        return principal.anonymous
+    kind, name = who.split(":", 1)
+    return principal.name == name if kind == "user" else name in principal.groups
+
+
+class Rules:
+    """``Access`` from a list of rules: deny wins; what no rule allows is denied.
+
+    A destination with wildcards (a subscription such as ``topic://sensors.>``)
+    is read only when one allow pattern covers it, every name it can match
+    (``covers``), and no deny pattern shares a name with it (``overlaps``).
+    So a filter wider than what the user may read is refused whole, never
+    trimmed.  Publishing to ``$SYS`` is refused whatever the rules say:
+    those topics are the broker's own.
+    """
+
+    CACHE_SIZE = 10_000
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = list(rules)
+        # permission -> kind -> [(who, allow, pattern)], in the configured order.
+        self._compiled: dict[Permission, dict[str, list[tuple[str, bool, _Pattern]]]] = {p: {} for p in Permission}
+        for rule in self.rules:
+            for destination in rule.destinations:
+                kind, name = destination.split("://", 1)
+                levels = tuple(name.split("."))
+                pattern = _Pattern(kind, levels, USERNAME in levels or CLIENT_ID in levels)
+                for permission in rule.permissions:
+                    self._compiled[permission].setdefault(kind, []).append((rule.who, rule.allow, pattern))
+        self._cache: dict[tuple[Principal, Permission, str, str | None], bool] = {}
+
+    def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
+        key = (principal, permission, destination, client_id)
+        known = self._cache.get(key)
+        if known is not None:
+            return known
+        decision = self._decide(principal, permission, destination, client_id)
+        if len(self._cache) >= self.CACHE_SIZE:
+            self._cache.clear()
+        self._cache[key] = decision
+        return decision
+
+    def _decide(self, principal: Principal, permission: Permission, destination: str, client_id: str | None) -> bool:
+        kind, sep, name = destination.partition("://")
+        if not sep:
+            return False
+        target = tuple(name.split("."))
+        if permission is Permission.WRITE and kind == "topic" and target[0] == "$SYS":
+            return False
+        allowed = False
+        for who, allow, pattern in self._compiled[permission].get(kind, ()):
+            if not _applies(who, principal):
+                continue
+            levels = pattern.resolve(principal, client_id)
+            if levels is None:
+                continue
+            if allow:
+                allowed = allowed or covers(levels, target)
+            elif overlaps(levels, target):
+                return False
+        return allowed

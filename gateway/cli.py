@@ -1,4 +1,4 @@
-"""``gateway run``: start the broker from its embedded default, a TOML file and flags."""
+"""``gateway run``: start the broker from its embedded default, a TOML file and flags; ``gateway passwd``: its users file."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,7 @@ from twisted.logger import (
 )
 
 from gateway import config as configuration
+from gateway.auth import passwd as passwd_command
 from gateway.perf import command as perf_command
 from gateway.twisted_types import installed_reactor
 
@@ -36,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--admin-port", type=int, metavar="N", help="admin HTTP port: JSON API, stream reads (default 8161, 0 disables)")
     run.add_argument("--log-level", choices=configuration.LOG_LEVELS, help="default info")
     perf_command.add_parser(commands)
+    passwd_command.add_parser(commands)
     return parser
 
 
@@ -95,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop_soon)
+    # SIGHUP re-reads the users file and the TLS certificates (rules need a restart for now).
+    signal.signal(signal.SIGHUP, lambda signum, frame: reactor.callFromThread(gateway.reload))
 
     def failed(failure: Any) -> None:
         # A port in use, an unreadable store: say so and exit non-zero.
@@ -120,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     if args.command == "perf":
         return perf_command.run(args)
+    if args.command == "passwd":
+        return passwd_command.run(args)
     return 2
 
 

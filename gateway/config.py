@@ -8,6 +8,7 @@ the key: a typo must not silently fall back to a default.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 from core.destination import validate as validate_destination
 from core.policy import Policy
 from core.stream_config import StreamSpec
+from gateway.auth.settings import AuthSettings, parse_auth
+from gateway.tls import CLIENT_CERT_MODES
 from protocols.mqtt.names import filter_to_canonical
 from protocols.mqtt.state import MqttSettings
 from protocols.stomp.codec import StompLimits
@@ -28,8 +31,34 @@ class ConfigError(ValueError):
 
 @dataclass
 class ListenerConfig:
-    port: int
+    port: int  # 0: this plain (non-TLS) listener is off
     host: str | None = None  # None: the broker's host
+    # The TLS listener beside it: -1 (unset) is the standard port (DEFAULT_TLS_PORTS)
+    # once [tls] has a certificate, off without one; 0 is off.
+    tls_port: int = -1
+    # Client certificates on that TLS port: "required", "optional" or "off"; "" as [tls] says.
+    tls_client_certs: str = ""
+
+
+# TLS ports when [tls] is configured: ActiveMQ's stomp+ssl and wss, MQTT's registered
+# port, and ActiveMQ's HTTPS console.
+DEFAULT_TLS_PORTS = {"stomp": 61612, "mqtt": 8883, "ws": 61615, "admin": 8162}
+
+
+@dataclass
+class TlsConfig:
+    # PEM files: the server's certificate (intermediates after it), its private key
+    # (without a passphrase) and the CA that signs accepted client certificates.
+    # Relative paths are read from the configuration file's directory.
+    cert: str = ""
+    key: str = ""
+    ca: str = ""
+    # Client certificates, unless a listener says otherwise (tls_client_certs):
+    # "required" (a client without one from ca fails the handshake), "optional" (asked
+    # for; a client may connect without) or "off".  Without ca they are off.
+    client_certs: str = "optional"
+    # The oldest TLS version accepted: "1.2" or "1.3".
+    min_version: str = "1.2"
 
 
 @dataclass
@@ -74,11 +103,15 @@ class Config:
     # The admin HTTP listener: the JSON API, stream reads for Spark, publishing.
     admin: ListenerConfig = field(default_factory=lambda: ListenerConfig(8161))
     admin_settings: AdminSettings = field(default_factory=AdminSettings)
+    # Certificate, key and CA of every TLS listener (each listener's tls_port).
+    tls: TlsConfig = field(default_factory=TlsConfig)
     streams: list[StreamSpec] = field(default_factory=list)
     persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     # Seconds between $SYS figure updates (0: none), as Mosquitto's sys_interval.
     sys_interval: float = 10.0
     policy: Policy = field(default_factory=Policy)
+    # [auth]: users, anonymous access, groups and rules (gateway/auth/settings.py).
+    auth: AuthSettings = field(default_factory=AuthSettings)
     # Seconds a shutdown waits for clients to be told and their sockets to drain.
     shutdown_timeout: float = 5.0
     # Connections the kernel may queue before the broker accepts them, per listener
@@ -94,6 +127,18 @@ class Config:
     # for partial_frame_timeout seconds while holding part of one is dropped.
     partial_frame_memory: int = 64 * 1024 * 1024
     partial_frame_timeout: float = 60.0
+
+    def tls_port(self, name: str) -> int:
+        """The TLS port of listener ``name`` ("stomp", "mqtt", "ws", "admin"); 0 when it has none."""
+        port: int = getattr(self, name).tls_port
+        if port < 0:
+            return DEFAULT_TLS_PORTS[name] if self.tls.cert else 0
+        return port
+
+    def tls_client_certs(self, name: str) -> str:
+        """Whether listener ``name``'s TLS port asks for client certificates: required, optional or off."""
+        mode: str = getattr(self, name).tls_client_certs or self.tls.client_certs
+        return mode if self.tls.ca else "off"
 
 
 LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
@@ -131,11 +176,15 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: {exc}") from None
         _from_toml(config, data)
+        _resolve_tls_paths(config.tls, os.path.dirname(os.path.abspath(path)))
+        config.auth.resolve(os.path.dirname(os.path.abspath(path)))
     for key, value in (overrides or {}).items():
         if value is None:
             continue
         if key in ("stomp_port", "mqtt_port", "ws_port", "admin_port"):
             getattr(config, key[:-5]).port = value
+        elif key in ("stomp_tls_port", "mqtt_tls_port", "ws_tls_port", "admin_tls_port"):
+            getattr(config, key[:-9]).tls_port = value
         else:
             setattr(config, key, value)
     validate(config)
@@ -144,6 +193,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
 
 # TOML section -> Config attribute of a listener (with its ``<name>_settings``).
 _LISTENER_SECTIONS = {"mqtt": "mqtt", "websocket": "ws", "admin": "admin"}
+# The keys of a listener section that belong to the listener, not to its settings.
+_LISTENER_KEYS = ("port", "host", "tls_port", "tls_client_certs")
 
 
 def _from_toml(config: Config, data: dict[str, Any]) -> None:
@@ -153,7 +204,7 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
         if section == "broker":
             _apply(config, {k: v for k, v in values.items()}, "broker")
         elif section == "stomp":
-            listener = {k: values[k] for k in ("port", "host") if k in values}
+            listener = {k: values[k] for k in _LISTENER_KEYS if k in values}
             limits = {k: values[k] for k in ("max_frame_size", "max_headers", "max_header_length", "max_command_length") if k in values}
             rest = {k: v for k, v in values.items() if k not in listener and k not in limits}
             _apply(config.stomp, listener, "stomp")
@@ -162,7 +213,7 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
         elif section in _LISTENER_SECTIONS:
             # port and host go to the listener, the rest to its settings.
             name = _LISTENER_SECTIONS[section]
-            listener = {k: values[k] for k in ("port", "host") if k in values}
+            listener = {k: values[k] for k in _LISTENER_KEYS if k in values}
             rest = {k: v for k, v in values.items() if k not in listener}
             _apply(getattr(config, name), listener, section)
             _apply(getattr(config, f"{name}_settings"), rest, section)
@@ -179,6 +230,13 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
             _apply(config.persistence, values, "persistence")
         elif section == "policy":
             _apply(config.policy, values, "policy")
+        elif section == "auth":
+            try:
+                config.auth = parse_auth(values)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        elif section == "tls":
+            _apply(config.tls, values, "tls")
         else:
             raise ConfigError(f"unknown section [{section}]")
 
@@ -190,6 +248,7 @@ def validate(config: Config) -> None:
         listener: ListenerConfig = getattr(config, name)
         if not 0 <= listener.port <= 65535:
             raise ConfigError(f"{name} port must be 0-65535 (0 disables), got {listener.port}")
+    _validate_tls(config)
     limits: StompLimits = config.stomp_settings.limits
     for key in ("max_frame_size", "max_headers", "max_header_length", "max_command_length"):
         if getattr(limits, key) <= 0:
@@ -240,6 +299,39 @@ def validate(config: Config) -> None:
         raise ConfigError("[policy] store_full_policy must be block or fail")
     if not config.policy.dead_letter_queue.startswith("queue://"):
         raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")
+
+
+_TLS_SECTIONS = {"stomp": "stomp", "mqtt": "mqtt", "ws": "websocket", "admin": "admin"}
+
+
+def _validate_tls(config: Config) -> None:
+    """The files themselves are read when the listeners start (gateway/tls.py), and again on reload."""
+    tls = config.tls
+    if bool(tls.cert) != bool(tls.key):
+        raise ConfigError("[tls] cert and key go together: give both, or neither for no TLS")
+    if tls.min_version not in ("1.2", "1.3"):
+        raise ConfigError(f"[tls] min_version must be \"1.2\" or \"1.3\", got {tls.min_version!r}")
+    if tls.client_certs not in CLIENT_CERT_MODES:
+        raise ConfigError(f"[tls] client_certs must be required, optional or off, got {tls.client_certs!r}")
+    for name, section in _TLS_SECTIONS.items():
+        listener: ListenerConfig = getattr(config, name)
+        if not -1 <= listener.tls_port <= 65535:
+            raise ConfigError(f"[{section}] tls_port must be 0-65535 (0 disables), got {listener.tls_port}")
+        if listener.tls_port > 0 and not tls.cert:
+            raise ConfigError(f"[{section}] tls_port needs a certificate: set [tls] cert and key")
+        if listener.tls_client_certs not in ("",) + CLIENT_CERT_MODES:
+            raise ConfigError(f"[{section}] tls_client_certs must be required, optional or off, got {listener.tls_client_certs!r}")
+        mode = listener.tls_client_certs or tls.client_certs
+        if mode == "required" and config.tls_port(name) and not tls.ca:
+            raise ConfigError(f"[{section}] client certificates required: set [tls] ca, the authority that signs them")
+
+
+def _resolve_tls_paths(tls: TlsConfig, base: str) -> None:
+    """Relative certificate, key and CA paths are the configuration file's neighbours."""
+    for key in ("cert", "key", "ca"):
+        value: str = getattr(tls, key)
+        if value and not os.path.isabs(value):
+            setattr(tls, key, os.path.join(base, value))
 
 
 def _validate_websocket_paths(settings: WebSocketSettings) -> None:

@@ -9,11 +9,15 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from core.access import Access, AllowAll
 from core.broker import Broker
 from core.sysinfo import SysPublisher
 from gateway.admin import admin_site
+from gateway.admin.auth import BasicGuard
 from gateway.admin.http import AdminSite
+from gateway.auth.security import Security, check_exposure
 from gateway.config import Config
+from gateway.tls import ServerTls, TlsError, TlsFiles, tls_factory
 from gateway.twisted_types import DelayedCall, ListeningPort, Reactor
 from persistence.memory import MemoryStore
 from persistence.rocks import GroupConfig, RocksStore, StoreLocked
@@ -23,6 +27,7 @@ from protocols.admission import Admission, AdmissionSettings
 from protocols.mqtt.adapter import mqtt_factory
 from protocols.partial import PartialBudget
 from protocols.mqtt.hub import MqttHub
+from protocols.auth import Anonymous, Authenticator
 from protocols.mqtt.session import MqttSession
 from protocols.stomp.adapter import stomp_factory
 from protocols.stomp.session import StompSession
@@ -71,6 +76,11 @@ class Gateway:
         self.admin: AdminSite | None = None
         self.guard = ConnectionGuard()
         self.ports: dict[str, ListeningPort] = {}
+        self.tls: ServerTls | None = None
+        # [auth]: one authenticator for every listener, the rules, built by start.
+        self.security: Security | None = None
+        self.authenticator: Authenticator = Anonymous()
+        self.access: Access = AllowAll()
 
     def _open_store(self) -> Store:
         if self._given_store is not None:
@@ -104,7 +114,8 @@ class Gateway:
             store, self.reactor, config.policy, name=config.name, spill=self.spill,
             defer=self._soon, streams=config.streams,
         )
-        self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings)
+        # One user store and one set of rules for every listener, plain and TLS.
+        self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings, self.authenticator, self.access)
         # One set of connection limits for every listener: the budgets are the process's.
         self.guard = ConnectionGuard(
             Admission(AdmissionSettings(
@@ -113,11 +124,13 @@ class Gateway:
             PartialBudget(config.partial_frame_memory, config.partial_frame_timeout, self.reactor),
         )
         self.factories = {
-            "stomp": stomp_factory(self.broker, config.stomp_settings, self.guard),
+            "stomp": stomp_factory(self.broker, config.stomp_settings, self.guard, self.authenticator, self.access),
             "mqtt": mqtt_factory(self.mqtt_hub, self.guard),
             "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings, self.guard),
         }
-        self.admin = admin_site(self.broker, config.admin_settings.max_request_size, VERSION)
+        self.admin = admin_site(
+            self.broker, config.admin_settings.max_request_size, VERSION, BasicGuard(self.authenticator, self.access),
+        )
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
         self._housekeeping: DelayedCall | None = None
 
@@ -143,7 +156,7 @@ class Gateway:
         broker, hub = self.broker, self.mqtt_hub
         assert broker is not None and hub is not None  # built by start, before any listener
         if kind == "stomp":
-            return StompSession(broker, transport, self.config.stomp_settings, remote)
+            return StompSession(broker, transport, self.config.stomp_settings, remote, self.authenticator, self.access)
         return MqttSession(hub, transport, remote)
 
     @property
@@ -171,6 +184,13 @@ class Gateway:
         ``ephemeral`` binds every enabled listener to a port the kernel picks
         (tests run many brokers side by side).
         """
+        if self.security is None:  # first: no users and a public address, or an unreadable users file, stop the start
+            check_exposure(self.config)
+            self.security = Security(self.config, self.reactor)
+            self.authenticator, self.access = self.security.authenticator, self.security.access
+            self.security.start()
+        if self.tls is None:  # first: a certificate that cannot be used stops the start, saying why
+            self.tls = self._load_tls()
         os.makedirs(self.config.data_dir, exist_ok=True)
         self._build(self._open_store())
         broker, hub, publisher, site = self.broker, self.mqtt_hub, self.sys, self.admin
@@ -180,11 +200,48 @@ class Gateway:
         publisher.start()
         if self.config.persistence.compaction_interval > 0:
             self._housekeeping = self.reactor.callLater(self.config.persistence.compaction_interval, self._housekeep)
-        for name, factory in self.factories.items():
+        for name, factory in [*self.factories.items(), ("admin", site)]:
             listener = getattr(self.config, name)
-            self._listen(name, listener.host or self.config.host, listener.port, factory, ephemeral)
-        admin = self.config.admin
-        self._listen("admin", admin.host or self.config.host, admin.port, site, ephemeral)
+            host = listener.host or self.config.host
+            self._listen(name, host, listener.port, factory, ephemeral)
+            tls_port = self.config.tls_port(name)
+            if tls_port and self.tls is not None:
+                # What listenSSL does, through _listen: the same factory behind Twisted's TLS.
+                creator = self.tls.creator(self.config.tls_client_certs(name))
+                self._listen(f"{name}_tls", host, tls_port, tls_factory(creator, factory), ephemeral)
+
+    def _load_tls(self) -> ServerTls | None:
+        """The [tls] certificate for the listeners that have a TLS port (None: no TLS listener)."""
+        config = self.config
+        names = [name for name in ("stomp", "mqtt", "ws", "admin") if config.tls_port(name)]
+        if not names:
+            return None
+        tls = config.tls
+        files = TlsFiles(tls.cert, tls.key, tls.ca, tls.min_version)
+        return ServerTls(files, {config.tls_client_certs(name) for name in names})
+
+    def reload(self) -> None:
+        """SIGHUP: the users file and the TLS certificates again; connected clients stay connected."""
+        if self.security is not None:
+            self.security.reload_users()
+        self.reload_tls()
+
+    def reload_tls(self) -> bool:
+        """Read the TLS certificate, key and CA again (SIGHUP): new connections use them.
+
+        Open connections keep what they shook hands with.  When the new files
+        cannot be used the old ones stay in use, the error is logged, and the
+        answer is False; True once reloaded.
+        """
+        if self.tls is None:
+            log.info("no TLS listener: nothing to reload")
+            return False
+        try:
+            self.tls.reload()
+        except TlsError as exc:
+            log.error("TLS reload failed, the previous certificate stays in use: {error}", error=str(exc))
+            return False
+        return True
 
     @property
     def store_path(self) -> str:
@@ -223,7 +280,10 @@ class Gateway:
         if hasattr(port_, "numberAccepts"):
             port_.numberAccepts = max(port_.numberAccepts, ACCEPTS_PER_WAKEUP)
         bound = self.ports[name].getHost()
-        log.info("{name} listening on {host}:{port} (backlog {backlog})", name=name.upper(), host=bound.host, port=bound.port, backlog=backlog)
+        log.info(
+            "{name} listening on {host}:{port} (backlog {backlog})",
+            name=name.upper().replace("_", " "), host=bound.host, port=bound.port, backlog=backlog,
+        )
 
     def sessions(self) -> list[Any]:
         return [s for factory in self.factories.values() for s in factory.sessions]
@@ -252,4 +312,6 @@ class Gateway:
             self.store.close()
             if self.spill is not None:
                 self.spill.close()
+        if self.security is not None:
+            self.security.stop()
         log.info("broker stopped")

@@ -13,13 +13,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from cryptography.x509.oid import NameOID
 from twisted.internet import interfaces, protocol
 from zope.interface import implementer
 
 from protocols.admission import Admission
 from protocols.partial import PartialBudget
 from protocols.session import Session
-from protocols.twisted_types import connected
+from protocols.twisted_types import StreamTransport, connected
+
+
+def peer_certificate_user(transport: object) -> str | None:
+    """The CN of the client certificate a TLS transport's handshake verified; None otherwise.
+
+    A TLS listener asks for a certificate only with a CA to verify it against,
+    and a certificate that fails verification fails the handshake; so any
+    certificate found here has been verified.  Plain TCP, a client without a
+    certificate and a certificate without a CN all give None.  Read once the
+    client has sent something: the handshake completes before the first byte.
+    """
+    handle = getattr(transport, "getHandle", None)
+    connection = handle() if callable(handle) else None
+    peer = getattr(connection, "get_peer_certificate", None)
+    if not callable(peer):
+        return None
+    certificate = peer(as_cryptography=True)
+    if certificate is None:
+        return None
+    names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else None
 
 
 @dataclass
@@ -37,6 +59,7 @@ class Guarded:
     _address: str | None = None
     _holds: set[str]
     _guard: ConnectionGuard | None = None
+    _producing = False  # registered as the transport's producer
 
     def _open(self, guard: ConnectionGuard | None, host: str) -> None:
         """After the session exists: count the connection in, or have the session refuse its CONNECT."""
@@ -95,6 +118,24 @@ class Guarded:
     def drop_unfinished(self, seconds: float) -> None:
         self.session.fail_unfinished(seconds)
 
+    def _register(self, transport: StreamTransport) -> None:
+        """Be the transport's producer: its full write buffer pauses the session's deliveries."""
+        transport.registerProducer(self, True)
+        self._producing = True
+
+    def _unregister(self, transport: StreamTransport) -> None:
+        """Before closing: Twisted holds a close back while a paused producer is attached.
+
+        Tracked here because a TLS transport keeps its producer to itself.
+        """
+        if self._producing:
+            self._producing = False
+            transport.unregisterProducer()
+
+    def certificate_user(self) -> str | None:
+        """The CN of the client's verified TLS certificate (what protocols.auth.certificate_user asks)."""
+        return peer_certificate_user(getattr(self, "transport", None))
+
     def _pause_transport(self) -> None:
         raise NotImplementedError
 
@@ -117,7 +158,7 @@ class SessionProtocol(Guarded, protocol.Protocol):
         self._open(self.factory.guard, host)
         # The socket's buffer filling up pauses this client's deliveries, so a
         # slow reader holds back only itself.
-        connected(self.transport).registerProducer(self, True)
+        self._register(connected(self.transport))
 
     def dataReceived(self, data: bytes) -> None:
         self._feed(data)
@@ -139,9 +180,7 @@ class SessionProtocol(Guarded, protocol.Protocol):
 
     def close(self) -> None:
         transport = connected(self.transport)
-        # Unregister first: Twisted holds a close back while a paused producer is attached.
-        if transport.producer is not None:
-            transport.unregisterProducer()
+        self._unregister(transport)
         transport.loseConnection()
 
     # IPushProducer: called by the transport about its write buffer.

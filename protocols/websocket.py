@@ -108,7 +108,7 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignor
         session = self.session = self.factory.make_session(self.kind, self, remote)
         self.factory.sessions.add(session)
         self._open(self.factory.guard, getattr(peer, "host", "?"))
-        transport.registerProducer(self, True)
+        self._register(transport)
         self._heard = self.factory.reactor.seconds()
         if self.factory.settings.ping_interval > 0:
             self._ping_call = self.factory.reactor.callLater(self.factory.settings.ping_interval, self._keep_alive)
@@ -172,9 +172,7 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignor
     def close(self) -> None:
         reason = "normal" if self.session is None else self.session.close_reason
         code = {"error": CLOSE_PROTOCOL_ERROR, "shutdown": CLOSE_GOING_AWAY}.get(reason, CLOSE_NORMAL)
-        transport = connected(self.transport)
-        if transport.producer is not None:
-            transport.unregisterProducer()
+        self._unregister(connected(self.transport))
         # sendClose admits only 1000 and 3000-4999 (application codes); a server
         # may also say 1001 going away and 1002 protocol error (RFC 6455 7.4.1).
         self.sendCloseFrame(code=code, reasonUtf8=reason.encode(), isReply=False)

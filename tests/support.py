@@ -52,6 +52,11 @@ class BrokerHandle:
         self.mqtt_port = self.gateway.mqtt_port
         self.ws_port = self.gateway.ws_port
         self.admin_port = self.gateway.admin_port if "admin" in self.gateway.ports else 0
+        # TLS listeners (0: none): on when the config has [tls] cert and key.
+        ports = self.gateway.ports
+        self.stomp_tls_port, self.mqtt_tls_port, self.ws_tls_port, self.admin_tls_port = (
+            ports[name].getHost().port if name in ports else 0 for name in ("stomp_tls", "mqtt_tls", "ws_tls", "admin_tls")
+        )
         self.broker = self.gateway.broker
 
     @staticmethod
@@ -377,3 +382,70 @@ class RawMqtt(RawClient):
         return self.read()
 
 
+
+
+# -- TLS: a CA, a server certificate and client certificates, made with the openssl command ----
+
+
+def make_certificates(directory: Any) -> dict[str, str]:
+    """PEM files in ``directory`` made by ``openssl``: a CA, a server certificate for
+    127.0.0.1 and localhost, a client certificate with CN dev1 from that CA, one from
+    another CA, a second server certificate (for reload) and one from an intermediate
+    CA with its chain ("chained").  Returns name -> path, keys as "<name>-key"."""
+    import subprocess
+    from pathlib import Path
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    def authority(name: str) -> None:
+        openssl(
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "3", "-subj", f"/CN=Gateway test {name}",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        )
+
+    def issue(name: str, cn: str, ca: str, usage: str, san: str = "") -> None:
+        openssl(
+            "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}",
+        )
+        if usage == "CA":  # an intermediate authority
+            extensions = ["basicConstraints=critical,CA:TRUE,pathlen:0", "keyUsage=critical,keyCertSign,cRLSign"]
+        else:
+            extensions = [
+                "basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature", f"extendedKeyUsage={usage}",
+            ]
+        extensions += ["subjectKeyIdentifier=hash", "authorityKeyIdentifier=keyid"] + ([f"subjectAltName={san}"] if san else [])
+        (d / f"{name}.ext").write_text("\n".join(extensions) + "\n")
+        openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
+        )
+
+    authority("ca")
+    authority("other-ca")
+    issue("server", "localhost", "ca", "serverAuth", "DNS:localhost,IP:127.0.0.1")
+    issue("server2", "localhost", "ca", "serverAuth", "DNS:localhost,IP:127.0.0.1")
+    issue("client", "dev1", "ca", "clientAuth")
+    issue("stranger", "intruder", "other-ca", "clientAuth")
+    # A server certificate from an intermediate, the PEM file holding the chain (leaf first).
+    issue("intermediate", "Gateway test intermediate", "ca", "CA")
+    issue("leaf", "localhost", "intermediate", "serverAuth", "DNS:localhost,IP:127.0.0.1")
+    (d / "chained.pem").write_bytes((d / "leaf.pem").read_bytes() + (d / "intermediate.pem").read_bytes())
+    (d / "chained.key").write_bytes((d / "leaf.key").read_bytes())
+    names = ("ca", "other-ca", "server", "server2", "client", "stranger", "chained")
+    paths = {name: str(d / f"{name}.pem") for name in names}
+    paths.update({f"{name}-key": str(d / f"{name}.key") for name in names})
+    return paths
+
+
+def make_tls_config(tmp_path: Any, certificates: dict[str, str], client_certs: str = "optional", **policy: Any) -> Config:
+    """``make_config`` with [tls] from ``make_certificates``: every listener also gets a TLS port."""
+    config = make_config(tmp_path, **policy)
+    config.tls.cert, config.tls.key = certificates["server"], certificates["server-key"]
+    config.tls.ca, config.tls.client_certs = certificates["ca"], client_certs
+    return config

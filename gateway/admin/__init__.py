@@ -4,19 +4,21 @@ from __future__ import annotations
 from typing import Any
 
 from core.broker import Broker
-from gateway.admin.http import AdminSite, Router, json_body
+from gateway.admin.http import AdminSite, Guard, Router, json_body
 from gateway.admin.publish import PublishAPI
 from gateway.admin.streams import StreamsAPI
 
 __all__ = ["admin_site"]
 
 
-def admin_site(broker: Broker, max_request_size: int, version: str) -> AdminSite:
-    router = Router()
+def admin_site(broker: Broker, max_request_size: int, version: str, guard: Guard | None = None) -> AdminSite:
+    """``guard`` authenticates every request (gateway/admin/auth.py); None: no authentication, everything allowed."""
+    router = Router(guard)
     StreamsAPI(broker).install(router)
     PublishAPI(broker).install(router)
 
     def index(request: Any) -> Any:
+        # Any principal the guard let through: the index names the API, no destination.
         return json_body(200, {
             "broker": broker.name, "version": version,
             "api": ["/api/v1/streams", "/api/v1/messages"],

@@ -16,6 +16,7 @@ from twisted.logger import Logger
 from twisted.web import http, server
 from twisted.web.resource import Resource
 
+from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal
 from gateway.twisted_types import connected_transport
 
 log = Logger(namespace="gateway.admin")
@@ -49,11 +50,37 @@ class _AdminChannel(Protocol):
     site: AdminSite
 
 
+class Grant:
+    """Who a request is (its principal) and what the configured rules let it do."""
+
+    __slots__ = ("principal", "access")
+
+    def __init__(self, principal: Principal, access: Access) -> None:
+        self.principal = principal
+        self.access = access
+
+    def allowed(self, permission: Permission, destination: str) -> bool:
+        return self.access.allowed(self.principal, permission, destination)
+
+
+# The admin listener without [auth]: everything, as the loopback default allows.
+OPEN = Grant(ANONYMOUS, AllowAll())
+REALM = 'Basic realm="gateway", charset="UTF-8"'
+
+
+class Guard(Protocol):
+    """Authenticates a request before its handler runs (gateway/admin/auth.py)."""
+
+    def check(self, request: server.Request, done: Callable[[Grant | HttpError], None]) -> None:
+        """Call ``done`` once, on the reactor thread, now or later."""
+
+
 class BoundedRequest(server.Request):
     """A request whose body may not exceed the site's ``max_request_size``."""
 
     _too_large = False
     _received = 0
+    grant: Grant | None = None  # set by the Router once the request is authenticated
 
     def _limit(self) -> int:
         return cast(_AdminChannel, self.channel).site.max_request_size
@@ -105,15 +132,44 @@ class Router(Resource):
 
     isLeaf = True
 
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
         super().__init__()
         self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+        self.guard = guard
+
+    def render(self, request: server.Request) -> Any:
+        """Authenticate (at once, or after the password check), then route."""
+        if self.guard is None:
+            return self._route(request, OPEN)
+        now: list[Grant | HttpError] = []
+        waiting = False
+
+        def done(outcome: Grant | HttpError) -> None:
+            if not waiting:
+                now.append(outcome)
+            elif not request.finished and not getattr(request, "_disconnected", False):
+                body = self._answer(request, outcome)
+                if body is not server.NOT_DONE_YET:
+                    self._finish(request, (request.code, {}, body), deferred=True)
+
+        self.guard.check(request, done)
+        if now:
+            return self._answer(request, now[0])
+        waiting = True
+        return server.NOT_DONE_YET
+
+    def _answer(self, request: server.Request, outcome: Grant | HttpError) -> Any:
+        if isinstance(outcome, HttpError):
+            return self._finish(request, error_body(outcome))
+        return self._route(request, outcome)
 
     def add(self, pattern: str, **methods: Handler) -> None:
         regex = "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$"
         self._routes.append((re.compile(regex), {m.upper(): h for m, h in methods.items()}))
 
-    def render(self, request: server.Request) -> Any:
+    def _route(self, request: server.Request, grant: Grant) -> Any:
+        if isinstance(request, BoundedRequest):
+            request.grant = grant
         try:
             path = request.path.decode("utf-8")
         except UnicodeDecodeError:
@@ -157,6 +213,8 @@ class Router(Resource):
     def _finish(request: server.Request, answer: Answer, deferred: bool = False) -> bytes:
         status, headers, body = answer
         request.setResponseCode(status)
+        if status == 401:
+            request.setHeader("WWW-Authenticate", REALM)
         for name, value in headers.items():
             request.setHeader(name, value)
         if status >= 400:
@@ -168,6 +226,31 @@ class Router(Resource):
                 request.finish()
             return b""
         return body
+
+
+def grant_of(request: server.Request) -> Grant | None:
+    return request.grant if isinstance(request, BoundedRequest) else None
+
+
+def permitted(request: server.Request, permission: Permission, destination: str) -> bool:
+    """Whether the request's principal may; a request the Router did not authenticate may nothing."""
+    grant = grant_of(request)
+    return grant is not None and grant.allowed(permission, destination)
+
+
+def require(request: server.Request, permission: Permission, destination: str, where: str = "") -> None:
+    """Refuse the request unless its principal has ``permission`` on ``destination``.
+
+    An anonymous request is asked for credentials (401), an authenticated
+    one is refused (403); either way nothing says whether the destination exists.
+    """
+    if permitted(request, permission, destination):
+        return
+    grant = grant_of(request)
+    prefix = f"{where}: " if where else ""
+    if grant is None or grant.principal.anonymous:
+        raise HttpError(401, f"{prefix}{permission.value} on {destination} needs a user name and password", "unauthorized")
+    raise HttpError(403, f"{prefix}user {grant.principal.name!r} may not {permission.value} {destination}", "forbidden")
 
 
 def _unquote(value: str) -> str:

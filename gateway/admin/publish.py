@@ -17,12 +17,13 @@ from typing import Any
 from twisted.internet import defer
 from twisted.web import server
 
+from core.access import Permission
 from core.broker import Broker
 from core.destination import InvalidDestination
 from core.duplicates import DUPLICATE_ID_HEADER
 from core.errors import BrokerError
 from core.message import Message
-from gateway.admin.http import Answer, HttpError, Router, json_body, request_body
+from gateway.admin.http import Answer, HttpError, Router, json_body, request_body, require
 from gateway.admin.streams import ARROW_STREAM
 from protocols.stomp import names
 
@@ -160,6 +161,8 @@ class PublishAPI:
             rows = _from_json_lines(data)
         else:
             raise HttpError(415, f"Content-Type must be {ARROW_STREAM} or application/x-ndjson, got {content_type or 'none'!r}", "unsupported_media_type")
+        for i, row in enumerate(rows):
+            require(request, Permission.WRITE, row.destination, f"row {i}")
         messages = [self._message(row, f"row {i}") for i, row in enumerate(rows)]
         broker = self.broker
         usage = broker.store_usage

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.web import server
 
+from core.access import Permission
 from core.broker import Broker
 from core.stream_config import OffsetOutOfRange, StreamError
 from gateway.admin.http import (
@@ -20,8 +21,10 @@ from gateway.admin.http import (
     Router,
     int_query,
     json_body,
+    permitted,
     query,
     request_body,
+    require,
 )
 
 if TYPE_CHECKING:
@@ -55,7 +58,9 @@ class StreamsAPI:
         router.add("/api/v1/streams/{name}/partitions/{partition}/records", get=self.records)
         router.add("/api/v1/streams/{name}/readers/{reader}", put=self.register, delete=self.forget)
 
-    def _stream(self, name: str) -> Stream:
+    def _stream(self, request: server.Request, name: str) -> Stream:
+        """The stream, once the request may read it (checked first: a refusal says nothing of whether it exists)."""
+        require(request, Permission.READ, f"stream://{name}")
         try:
             stream: Stream = self.broker.streams.get(name)  # the broker's StreamSet, or NoStreams that raises
             return stream
@@ -65,10 +70,11 @@ class StreamsAPI:
     def list(self, request: server.Request) -> Any:
         return json_body(200, {"streams": [
             {"name": s.name, "partitions": len(s.partitions)} for s in self.broker.streams.streams.values()
+            if permitted(request, Permission.READ, f"stream://{s.name}")
         ]})
 
     def describe(self, request: server.Request, name: str) -> Any:
-        stream = self._stream(name)
+        stream = self._stream(request, name)
         spec = stream.spec
         now = self.broker.now_ms()
         return json_body(200, {
@@ -87,7 +93,7 @@ class StreamsAPI:
         })
 
     def offsets(self, request: server.Request, name: str) -> Any:
-        stream = self._stream(name)
+        stream = self._stream(request, name)
         ts = int_query(request, "timestamp", None, low=0)
         if ts is None:
             raise HttpError(400, "parameter timestamp (epoch milliseconds) is required")
@@ -96,7 +102,7 @@ class StreamsAPI:
         ]})
 
     def records(self, request: server.Request, name: str, partition: str) -> Any:
-        stream = self._stream(name)
+        stream = self._stream(request, name)
         try:
             index = int(partition)
         except ValueError:
@@ -129,7 +135,7 @@ class StreamsAPI:
         return 200, headers, _json_lines(found.messages)
 
     def register(self, request: server.Request, name: str, reader: str) -> Any:
-        stream = self._stream(name)
+        stream = self._stream(request, name)
         if not _READER_NAME.match(reader):
             raise HttpError(400, "reader names are 1-200 letters, digits and ._:-")
         try:
@@ -147,7 +153,7 @@ class StreamsAPI:
         return 204, {}, b""
 
     def forget(self, request: server.Request, name: str, reader: str) -> Any:
-        stream = self._stream(name)
+        stream = self._stream(request, name)
         self.broker.streams.forget_reader(stream.name, reader)
         return 204, {}, b""
 

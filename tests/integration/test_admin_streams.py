@@ -30,8 +30,8 @@ class Api:
         self.handle = handle
         self.base = f"http://127.0.0.1:{handle.admin_port}"
 
-    def call(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None):
-        request = urllib.request.Request(self.base + path, data=body, method=method)
+    def call(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None, headers: dict | None = None):
+        request = urllib.request.Request(self.base + path, data=body, method=method, headers=headers or {})
         if content_type:
             request.add_header("Content-Type", content_type)
         try:

@@ -1,0 +1,88 @@
+"""What a running gateway uses for security, built from ``[auth]``: the authenticator, the access rules, the startup check."""
+from __future__ import annotations
+
+import os
+
+from twisted.logger import Logger
+
+from core.access import Access, AllowAll, Rules
+from gateway.auth.authenticator import PasswordAuthenticator
+from gateway.auth.settings import exposure_refusal
+from gateway.auth.users import Users
+from gateway.config import Config
+from gateway.twisted_types import Reactor
+from protocols.auth import Anonymous, Authenticator
+
+log = Logger(namespace="gateway.auth")
+
+LISTENERS = ("stomp", "mqtt", "ws", "admin")
+
+
+class Exposed(Exception):
+    """The configuration would let anonymous clients in from the network without saying so."""
+
+
+def check_exposure(config: Config) -> None:
+    """Raise ``Exposed`` when an enabled listener (plain or TLS) binds beyond loopback and no users are configured."""
+    enabled = [
+        (name, getattr(config, name).host or config.host) for name in LISTENERS
+        if getattr(config, name).port or config.tls_port(name)
+    ]
+    refusal = exposure_refusal(config.auth, enabled)
+    if refusal is not None:
+        raise Exposed(refusal)
+
+
+class Security:
+    """``authenticator`` for every protocol and the admin listener, ``access`` for what principals may do.
+
+    Without a users file and rules this is the loopback default: everyone is
+    the anonymous principal and everything is allowed (``Anonymous``,
+    ``AllowAll``), and the admin listener asks for no credentials.
+    """
+
+    def __init__(self, config: Config, reactor: Reactor) -> None:
+        settings = self.settings = config.auth
+        self.passwords: PasswordAuthenticator | None = None
+        self.authenticator: Authenticator = Anonymous()
+        if settings.users_file or not settings.anonymous:
+            users = Users.load(settings.users_file) if settings.users_file else Users({})
+            self.passwords = PasswordAuthenticator(
+                users, settings.memberships(), settings.anonymous, reactor,
+                threads=settings.hash_threads, max_pending=settings.max_pending_logins,
+                cache_seconds=settings.login_cache_seconds,
+            )
+            self.authenticator = self.passwords
+            log.info("{n} users from {path}; anonymous clients {anonymous}, {rules} rules",
+                     n=len(users), path=settings.users_file or "(no users_file)",
+                     anonymous="allowed" if settings.anonymous else "refused", rules=len(settings.rules))
+            if settings.users_file and os.stat(settings.users_file).st_mode & 0o077:
+                log.warn("{path} can be read by other users of this machine: chmod 600 it", path=settings.users_file)
+        restricted = bool(settings.users_file or settings.rules or settings.allow_anonymous is False)
+        self.access: Access = Rules(settings.rules) if restricted else AllowAll()
+        if restricted and not settings.rules:
+            log.warn("[auth] has no rules: every destination is denied to every client ([[auth.rules]] allow what is meant)")
+        # The admin listener asks for HTTP Basic credentials once there are users to give them.
+        self.credentials_required = self.passwords is not None
+
+    def reload_users(self) -> bool:
+        """Read the users file again (SIGHUP); a file that cannot be read leaves the old users in place."""
+        path = self.settings.users_file
+        if self.passwords is None or not path:
+            return False
+        try:
+            users = Users.load(path)
+        except (OSError, ValueError) as exc:
+            log.error("users file {path} not reloaded, the previous users stay: {error}", path=path, error=str(exc))
+            return False
+        self.passwords.replace_users(users)
+        log.info("{n} users reloaded from {path}", n=len(users), path=path)
+        return True
+
+    def start(self) -> None:
+        if self.passwords is not None:
+            self.passwords.start()
+
+    def stop(self) -> None:
+        if self.passwords is not None:
+            self.passwords.stop()
