@@ -16,6 +16,7 @@ from twisted.web import server
 
 from core.access import Access, Principal
 from gateway.admin.http import Grant, HttpError
+from gateway.auth.audit import AuditLog
 from gateway.auth.authenticator import BUSY, REFUSED
 from protocols.auth import Authenticator, Credentials
 
@@ -35,9 +36,10 @@ def basic_credentials(header: str) -> tuple[str, bytes] | None:
 
 
 class BasicGuard:
-    def __init__(self, authenticator: Authenticator, access: Access) -> None:
+    def __init__(self, authenticator: Authenticator, access: Access, audit: AuditLog | None = None) -> None:
         self.authenticator = authenticator
         self.access = access
+        self.audit = audit or AuditLog("")
 
     def check(self, request: server.Request, done: Callable[[Grant | HttpError], None]) -> None:
         header = request.getHeader("authorization")
@@ -54,6 +56,12 @@ class BasicGuard:
 
         def answered(principal: Principal | None, reason: str) -> None:
             if principal is not None:
+                method = request.method.decode("ascii", "replace")
+                if method not in ("GET", "HEAD"):  # what changes something, by whom
+                    self.audit.write(
+                        "admin_request", user=principal.name, address=remote, protocol="http", method=method,
+                        path=request.path.decode("utf-8", "replace")[:500],
+                    )
                 done(Grant(principal, self.access))
             elif reason == BUSY:
                 done(HttpError(503, reason, "busy"))

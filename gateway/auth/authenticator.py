@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from core.access import ANONYMOUS, Principal
+from gateway.auth.audit import AuditLog, LoginBackoff, host_of
 from gateway.auth.users import Users
 from gateway.twisted_types import Reactor
 from protocols.auth import Answer, Credentials
@@ -36,6 +37,7 @@ log = Logger(namespace="gateway.auth")
 
 REFUSED = "bad user name or password"
 BUSY = "too many logins in progress; retry later"
+BANNED = "too many failed logins from this address; retry in {seconds:.0f} s"
 
 
 class PasswordAuthenticator:
@@ -44,7 +46,10 @@ class PasswordAuthenticator:
     def __init__(
         self, users: Users, groups: Mapping[str, frozenset[str]], allow_anonymous: bool, reactor: Reactor, *,
         threads: int = 2, max_pending: int = 1000, cache_seconds: float = 300.0, cache_size: int = 100_000,
+        audit: AuditLog | None = None, backoff: LoginBackoff | None = None,
     ) -> None:
+        self.audit = audit or AuditLog("")
+        self.backoff = backoff
         self.users = users
         self.groups = groups  # user -> the groups it is in
         self.allow_anonymous = allow_anonymous
@@ -78,6 +83,31 @@ class PasswordAuthenticator:
         return found
 
     def authenticate(self, credentials: Credentials, answer: Answer) -> None:
+        """Refused at once while the address is banned; failures counted, and written to the audit log."""
+        backoff = self.backoff
+        host = host_of(credentials.remote)
+        fields = {
+            "user": credentials.login, "client_id": credentials.client_id, "address": credentials.remote,
+            "protocol": credentials.protocol,
+        }
+        if backoff is not None:
+            wait = backoff.banned(host, self.reactor.seconds())
+            if wait:
+                self.audit.write("login_refused", reason="address banned", **fields)
+                answer(None, BANNED.format(seconds=max(wait, 1)))
+                return
+
+        def answered(principal: Principal | None, why: str) -> None:
+            if principal is None and why == REFUSED:
+                self.audit.write("login_failed", **fields)
+                if backoff is not None and backoff.failed(host, self.reactor.seconds()):
+                    log.warn("{host}: {n} failed logins in {w:.0f} s: refused for a while", host=host, n=backoff.limit, w=backoff.window)
+                    self.audit.write("address_banned", address=host)
+            answer(principal, why)
+
+        self._authenticate(credentials, answered)
+
+    def _authenticate(self, credentials: Credentials, answer: Answer) -> None:
         login, secret, certified = credentials.login, credentials.secret, credentials.certificate_user
         if certified and (not login or login == certified) and certified in self.users:
             answer(self.principal(certified), "")

@@ -6,6 +6,7 @@ import os
 from twisted.logger import Logger
 
 from core.access import Access, AllowAll, Rules
+from gateway.auth.audit import AuditedAccess, AuditLog, LoginBackoff
 from gateway.auth.authenticator import PasswordAuthenticator
 from gateway.auth.settings import exposure_refusal
 from gateway.auth.users import Users
@@ -43,6 +44,7 @@ class Security:
 
     def __init__(self, config: Config, reactor: Reactor) -> None:
         settings = self.settings = config.auth
+        self.audit = AuditLog(settings.audit_log)
         self.passwords: PasswordAuthenticator | None = None
         self.authenticator: Authenticator = Anonymous()
         if settings.users_file or not settings.anonymous:
@@ -50,7 +52,10 @@ class Security:
             self.passwords = PasswordAuthenticator(
                 users, settings.memberships(), settings.anonymous, reactor,
                 threads=settings.hash_threads, max_pending=settings.max_pending_logins,
-                cache_seconds=settings.login_cache_seconds,
+                cache_seconds=settings.login_cache_seconds, audit=self.audit,
+                backoff=LoginBackoff(
+                    settings.max_failed_logins, settings.failed_login_window, settings.failed_login_ban_seconds,
+                ) if settings.max_failed_logins else None,
             )
             self.authenticator = self.passwords
             log.info("{n} users from {path}; anonymous clients {anonymous}, {rules} rules",
@@ -60,6 +65,8 @@ class Security:
                 log.warn("{path} can be read by other users of this machine: chmod 600 it", path=settings.users_file)
         restricted = bool(settings.users_file or settings.rules or settings.allow_anonymous is False)
         self.access: Access = Rules(settings.rules) if restricted else AllowAll()
+        if restricted and settings.audit_log:
+            self.access = AuditedAccess(self.access, self.audit)
         if restricted and not settings.rules:
             log.warn("[auth] has no rules: every destination is denied to every client ([[auth.rules]] allow what is meant)")
         # The admin listener asks for HTTP Basic credentials once there are users to give them.
@@ -86,3 +93,4 @@ class Security:
     def stop(self) -> None:
         if self.passwords is not None:
             self.passwords.stop()
+        self.audit.close()

@@ -22,7 +22,10 @@ from typing import Any
 
 from core.access import Rule
 
-_KEYS = ("users_file", "allow_anonymous", "groups", "rules", "login_cache_seconds", "hash_threads", "max_pending_logins")
+_KEYS = (
+    "users_file", "allow_anonymous", "groups", "rules", "login_cache_seconds", "hash_threads", "max_pending_logins",
+    "max_failed_logins", "failed_login_window", "failed_login_ban_seconds", "audit_log",
+)
 _RULE_KEYS = ("who", "access", "permissions", "destinations")
 
 
@@ -42,6 +45,13 @@ class AuthSettings:
     # Threads that hash passwords, and checks that may wait for them before logins are refused.
     hash_threads: int = 2
     max_pending_logins: int = 1000
+    # Failed logins from one address within the window before it is refused at once for
+    # the ban (doubling for each further ban, up to an hour); 0: no limit.
+    max_failed_logins: int = 10
+    failed_login_window: float = 60.0
+    failed_login_ban_seconds: float = 60.0
+    # JSON lines of failed logins, denials and admin actions ("": none), beside the config file.
+    audit_log: str = ""
 
     @property
     def anonymous(self) -> bool:
@@ -60,6 +70,8 @@ class AuthSettings:
         """A relative users file is the configuration file's neighbour."""
         if self.users_file and not os.path.isabs(self.users_file):
             self.users_file = os.path.join(base, self.users_file)
+        if self.audit_log and not os.path.isabs(self.audit_log):
+            self.audit_log = os.path.join(base, self.audit_log)
 
 
 def parse_auth(values: dict[str, Any]) -> AuthSettings:
@@ -76,15 +88,24 @@ def parse_auth(values: dict[str, Any]) -> AuthSettings:
     if anonymous is not None and not isinstance(anonymous, bool):
         raise ValueError("[auth] allow_anonymous must be true or false")
     settings.allow_anonymous = anonymous
-    for key in ("login_cache_seconds", "hash_threads", "max_pending_logins"):
+    audit = values.get("audit_log", "")
+    if not isinstance(audit, str):
+        raise ValueError("[auth] audit_log must be a path (string)")
+    settings.audit_log = audit
+    for key in (
+        "login_cache_seconds", "hash_threads", "max_pending_logins", "max_failed_logins",
+        "failed_login_window", "failed_login_ban_seconds",
+    ):
         if key in values:
             value = values[key]
-            wanted = float if key == "login_cache_seconds" else int
+            wanted = float if key in ("login_cache_seconds", "failed_login_window", "failed_login_ban_seconds") else int
             if isinstance(value, bool) or not isinstance(value, (int, float) if wanted is float else int):
                 raise ValueError(f"[auth] {key} must be {wanted.__name__}, got {value!r}")
             setattr(settings, key, wanted(value))
     if settings.login_cache_seconds < 0:
         raise ValueError("[auth] login_cache_seconds must be 0 (off) or more")
+    if settings.max_failed_logins < 0 or settings.failed_login_window <= 0 or settings.failed_login_ban_seconds <= 0:
+        raise ValueError("[auth] max_failed_logins must be 0 (off) or more, failed_login_window and failed_login_ban_seconds positive")
     if not 1 <= settings.hash_threads <= 64 or settings.max_pending_logins < 1:
         raise ValueError("[auth] hash_threads must be 1-64 and max_pending_logins positive")
     groups = values.get("groups", {})

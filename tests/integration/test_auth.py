@@ -28,6 +28,7 @@ def broker(tmp_path_factory: Any):
     write_lines(str(users), [f"{name}:{PasswordHash.make(pw.encode(), CHEAP)}" for name, pw in PASSWORDS.items()])
     config = make_config(tmp)
     config.auth.users_file = str(users)
+    config.auth.max_failed_logins = 0  # this module fails logins on purpose; the ban has its own test
     config.auth.groups = {"devices": ["dev1", "dev2"]}
     config.auth.rules = [
         Rule.parse("group:devices", "allow", ["write"], ["topic://sensors.{username}.>"]),
@@ -221,3 +222,46 @@ def test_sighup_rereads_the_users_file(broker):
     conn, _ = stomp_login("late", "l-secret")
     assert conn.is_connected()
     disconnect(conn)
+
+
+def test_failed_logins_ban_the_address_and_everything_is_audited(tmp_path):
+    import json
+
+    users = tmp_path / "users"
+    write_lines(str(users), [f"ops:{PasswordHash.make(PASSWORDS['ops'].encode(), CHEAP)}"])
+    config = make_config(tmp_path)
+    config.auth.users_file = str(users)
+    config.auth.max_failed_logins = 3
+    config.auth.failed_login_ban_seconds = 30
+    config.auth.audit_log = str(tmp_path / "audit.jsonl")
+    config.auth.rules = [Rule.parse("user:ops", "allow", ["read", "write"], ["queue://open"])]
+    handle = BrokerHandle(config)
+    try:
+        for _ in range(3):
+            assert stomp_refused(handle, "ops", "guess").body == "bad user name or password"
+        # Banned now: even the right password is refused at once, saying why.
+        banned = stomp_refused(handle, "ops", PASSWORDS["ops"])
+        assert banned.headers["message"] == "Access refused" and "too many failed logins from this address" in banned.body
+        client, codes = paho(handle, "banned-mqtt", 5, "ops", PASSWORDS["ops"])
+        import time
+
+        deadline = time.monotonic() + 5
+        while not codes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.loop_stop()
+        assert [c.value for c in codes] == [0x86]
+    finally:
+        handle.stop()
+    handle = BrokerHandle(config)  # a restart forgets bans (they live in memory)
+    try:
+        conn, got = stomp_login("ops", handle=handle)
+        conn.send("/queue/closed", "x", receipt="r")
+        assert got.wait_for(1, what="errors")[0].headers["message"] == "Access denied"
+    finally:
+        handle.stop()
+    events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == [
+        "login_failed", "login_failed", "login_failed", "address_banned", "login_refused", "login_refused", "denied",
+    ]
+    assert events[0]["user"] == "ops" and events[0]["protocol"] == "stomp/1.2" and events[0]["address"].startswith("127.0.0.1:")
+    assert events[-1] == {**events[-1], "user": "ops", "permission": "write", "destination": "queue://closed"}
