@@ -17,7 +17,7 @@ from twisted.logger import Logger
 from core import destination as dest
 from core.duplicates import DUPLICATE_ID_HEADER, DuplicateCache
 from core.entry import Entry
-from core.errors import BrokerError, SubscriptionError, UnknownDestination
+from core.errors import BrokerError, SubscriptionError, UnknownDestination, UserLimit
 from core.message import Message, decode_message, encode_message
 from core.policy import Policy
 from core.queue import MemoryUsage, MessageQueue
@@ -93,6 +93,7 @@ class Broker:
         self.connections: dict[str, "Connection"] = {}
         # client id -> its registered connections (MQTT may briefly have two: a take-over)
         self._by_client: dict[str, set[Connection]] = {}
+        self._by_user: dict[str, int] = {}  # authenticated user -> open connections
         self.temp_owners: dict[str, str] = {}  # temp queue -> owning connection id
         self._seq = 1
         self._seq_reserved = 0
@@ -179,19 +180,36 @@ class Broker:
             self.store.put_record(META_KIND, "seq", self._seq_reserved.to_bytes(8, "big"))
         return seq
 
-    def connect(self, client_id: str | None = None, protocol: str = "", remote: str = "") -> "Connection":
+    def connect(self, client_id: str | None = None, protocol: str = "", remote: str = "", user: str | None = None) -> "Connection":
+        """A new connection; UserLimit when ``user`` already has ``max_connections_per_user`` open."""
         from core.connection import Connection
 
+        if user is not None:
+            limit = self.policy.max_connections_per_user
+            if limit and self._by_user.get(user, 0) >= limit:
+                raise UserLimit(f"user {user!r} already has {limit} connections (max_connections_per_user)")
         conn_id = f"{self.name}-{next(self._conn_ids)}"
         connection = Connection(self, conn_id, client_id, protocol=protocol, remote=remote)
+        connection.user = user
         self.connections[conn_id] = connection
         if client_id is not None:
             self._by_client.setdefault(client_id, set()).add(connection)
+        if user is not None:
+            self._by_user[user] = self._by_user.get(user, 0) + 1
         return connection
+
+    def user_connections(self, user: str) -> int:
+        """How many connections an authenticated user has open."""
+        return self._by_user.get(user, 0)
 
     def forget_connection(self, connection: Connection) -> None:
         """A connection has closed: it is no longer counted or found by its client id."""
-        self.connections.pop(connection.id, None)
+        if self.connections.pop(connection.id, None) is not None and connection.user is not None:
+            left = self._by_user.get(connection.user, 0) - 1
+            if left > 0:
+                self._by_user[connection.user] = left
+            else:
+                self._by_user.pop(connection.user, None)
         client_id = connection.client_id
         if client_id is not None:
             same = self._by_client.get(client_id)

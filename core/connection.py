@@ -101,6 +101,7 @@ class Connection:
         self.client_id = client_id
         self.protocol = protocol
         self.remote = remote
+        self.user: str | None = None  # the authenticated user, counted for max_connections_per_user
         # False while the client's socket cannot take more: consumers then have no credit.
         self.writable = True
         self.consumers: dict[str, Consumer] = {}

@@ -22,5 +22,9 @@ class SubscriptionError(BrokerError):
     pass
 
 
+class UserLimit(BrokerError):
+    """A user already has as many connections as it may (``max_connections_per_user``)."""
+
+
 class AccessDenied(BrokerError):
     pass

@@ -64,6 +64,9 @@ class Policy:
     max_destination_length: int = 1024
     # Retained messages kept (topics) and their bytes in the store (0: no limit);
     # a new topic past either is not retained (EMQX's max_retained_messages).
+    # Connections one authenticated user may have open at once (0: no limit); a
+    # fleet sharing one account needs a high one, or accounts of their own.
+    max_connections_per_user: int = 0
     max_retained_messages: int = 1_000_000
     max_retained_bytes: int = 1024 * 1024 * 1024
     # ActiveMQ's virtual topics.  A message published to a topic whose name starts

@@ -30,7 +30,7 @@ from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.destination import InvalidDestination
 from core.entry import Entry
-from core.errors import BrokerError
+from core.errors import BrokerError, UserLimit
 from core.message import Message
 from core.retained import RetainedLimit
 from core.topic import Subscription
@@ -330,10 +330,14 @@ class MqttSession:
             self._timer.cancel()
         self._timer = None
 
+        try:
+            conn = self.broker.connect(client_id, protocol=f"mqtt/{self.level}", remote=self.remote, user=self.principal.name)
+        except UserLimit as exc:
+            self._refuse(ConnackReturnCode.SERVER_UNAVAILABLE, ReasonCode.QUOTA_EXCEEDED, str(exc))
+            return
         client, present = self.hub.attach(self, client_id, packet.clean_start, expiry)
         self.label = f"{self.remote} {client_id}"
         self.will = packet.will
-        conn = self.broker.connect(client_id, protocol=f"mqtt/{self.level}", remote=self.remote)
         live = self.live = Connected(client, conn, Outbox(self.broker.turn_end, conn.when_durable, self._write))
         self.phase = Phase.CONNECTED
         keep_alive = packet.keep_alive

@@ -18,7 +18,7 @@ from core.broker import Broker
 from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.entry import Entry
-from core.errors import BrokerError, UnknownDestination
+from core.errors import BrokerError, UnknownDestination, UserLimit
 from core.message import Message
 from core.stream_config import UnknownStream
 from protocols.auth import Anonymous, Authenticator, Credentials, certificate_user
@@ -322,7 +322,10 @@ class StompSession:
         if self._connect_timer is not None and self._connect_timer.active():
             self._connect_timer.cancel()
         self._connect_timer = None
-        conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote)
+        try:
+            conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote, user=self.principal.name)
+        except UserLimit as exc:
+            raise StompError("Connection refused", str(exc)) from None
         self.live = Connected(conn, Outbox(self.broker.turn_end, conn.when_durable, self._write))
         self.phase = Phase.CONNECTED
         self.label = f"{conn.id} {client_id or '-'}"

@@ -265,3 +265,40 @@ def test_failed_logins_ban_the_address_and_everything_is_audited(tmp_path):
     ]
     assert events[0]["user"] == "ops" and events[0]["protocol"] == "stomp/1.2" and events[0]["address"].startswith("127.0.0.1:")
     assert events[-1] == {**events[-1], "user": "ops", "permission": "write", "destination": "queue://closed"}
+
+
+def test_connections_per_user_are_limited(tmp_path):
+    import time
+
+    users = tmp_path / "users"
+    write_lines(str(users), [f"ops:{PasswordHash.make(PASSWORDS['ops'].encode(), CHEAP)}"])
+    config = make_config(tmp_path, max_connections_per_user=2)
+    config.auth.users_file = str(users)
+    config.auth.rules = [Rule.parse("user:ops", "allow", ["read", "write"], ["queue://>"])]
+    handle = BrokerHandle(config)
+    try:
+        first, _ = stomp_login("ops", handle=handle)
+        second, _ = paho_login(handle, "ops-mqtt", 5, "ops")
+        conn = stomp.Connection12([(handle.host, handle.port)])
+        got = Collector()
+        conn.set_listener("c", got)
+        with pytest.raises(stomp.exception.ConnectFailedException):
+            conn.connect("ops", PASSWORDS["ops"], wait=True)
+        (error,) = got.wait_for(1, what="errors")
+        assert error.headers["message"] == "Connection refused" and "max_connections_per_user" in error.body
+        client, codes = paho(handle, "ops-third", 5, "ops", PASSWORDS["ops"])
+        deadline = time.monotonic() + 5
+        while not codes and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.loop_stop()
+        assert [c.value for c in codes] == [0x97]  # quota exceeded
+        disconnect(first)  # a connection closes: there is room again
+        deadline = time.monotonic() + 5
+        while handle.inspect(handle.broker.user_connections, "ops") > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        again, _ = stomp_login("ops", handle=handle)
+        assert again.is_connected()
+        disconnect(again)
+        mqtt_close(second)
+    finally:
+        handle.stop()
