@@ -46,8 +46,11 @@ class BrokerClient:
     executor's task, after the driver planned it).
     """
 
-    def __init__(self, url: str, timeout: float = 60.0, retry: float = 0.0, reached: bool = False) -> None:
+    def __init__(
+        self, url: str, timeout: float = 60.0, retry: float = 0.0, reached: bool = False, authorization: str | None = None,
+    ) -> None:
         parts = urlsplit(url)
+        self._authorization = authorization
         self.url = url
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "127.0.0.1"
@@ -127,7 +130,10 @@ class BrokerClient:
                 self._conn = self._new_connection()
             try:
                 try:
-                    self._conn.request(method, target, body=body, headers=headers or {})
+                    sent = dict(headers) if headers else {}
+                    if self._authorization is not None:
+                        sent["Authorization"] = self._authorization
+                    self._conn.request(method, target, body=body, headers=sent)
                 except (BrokenPipeError, ConnectionResetError):
                     # A server may answer early and close before reading a body it
                     # refuses (413): its answer is still there to read.
@@ -156,6 +162,9 @@ class BrokerClient:
             text, code = str(answer.get("error", "")), str(answer.get("code", ""))
         except (ValueError, AttributeError):
             answer, text, code = {}, data[:200].decode("utf-8", "replace"), ""
+        if status in (401, 403):
+            why = "set the options user and password" if status == 401 else "the user lacks the permission (read on the stream, write on the destination)"
+            return BrokerError(f"gateway: the broker at {self.url} refused {method} {path}: {status} {text or code}; {why}", status, code)
         if status == 404 and not code:
             return BrokerError(
                 f"gateway: {self.url} has no stream API at {path} (404); is this the broker's admin listener?", status, code)

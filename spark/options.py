@@ -8,6 +8,8 @@ inside a task.  Names follow Spark's Kafka source where they mean the same.
 """
 from __future__ import annotations
 
+import base64
+
 import json
 import re
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ class ReadOptions:
     max_bytes_per_fetch: int | None
     timeout: float
     retry: float
+    authorization: str | None = None  # the HTTP Basic header of user/password, for a broker with users
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class WriteOptions:
     max_bytes_per_request: int
     timeout: float
     retry: float
+    authorization: str | None = None
 
 
 def _lower(options: Mapping[str, Any]) -> dict[str, str]:
@@ -118,6 +122,18 @@ def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
 def _timeout(opts: dict[str, str]) -> float:
     ms = _int(opts, "requestTimeoutMs", 1, "a positive number of milliseconds")
     return (DEFAULT_TIMEOUT_MS if ms is None else ms) / 1000.0
+
+
+def _authorization(opts: dict[str, str]) -> str | None:
+    """``user`` and ``password`` (Spark redacts an option of that name in plans and logs) as HTTP Basic."""
+    user, password = _get(opts, "user"), _get(opts, "password")
+    if user is None and password is None:
+        return None
+    if not user or password is None:
+        raise OptionError("user", user, "and password go together: the broker's user name and password")
+    if ":" in user:
+        raise OptionError("user", user, "must not contain ':' (HTTP Basic)")
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode("utf-8")).decode("ascii")
 
 
 def _retry(opts: dict[str, str]) -> float:
@@ -211,6 +227,7 @@ def parse_read_options(options: Mapping[str, Any], streaming: bool | None) -> Re
         max_bytes_per_fetch=_int(opts, "maxBytesPerFetch", 1, "a positive number of bytes"),
         timeout=_timeout(opts),
         retry=_retry(opts),
+        authorization=_authorization(opts),
     )
 
 
@@ -232,4 +249,5 @@ def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
         max_bytes_per_request=_int(opts, "maxBytesPerRequest", 1, "a positive number of bytes") or DEFAULT_MAX_BYTES_PER_REQUEST,
         timeout=_timeout(opts),
         retry=_retry(opts),
+        authorization=_authorization(opts),
     )

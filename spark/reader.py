@@ -96,6 +96,7 @@ class GatewayPartition(InputPartition):
     max_bytes: int | None
     timeout: float
     retry: float = 0.0
+    authorization: str | None = None
 
 
 class _Converter:
@@ -142,7 +143,7 @@ def _tables(part: GatewayPartition) -> Iterator[pa.Table]:
     """The range as parsed answers, with failOnDataLoss applied where records are gone."""
     pos, end = part.start, part.end
     # The driver planned this range with the broker: a broker away now is restarting, not misconfigured.
-    with BrokerClient(part.url, part.timeout, retry=part.retry, reached=True) as client:
+    with BrokerClient(part.url, part.timeout, retry=part.retry, reached=True, authorization=part.authorization) as client:
         while pos < end:
             try:
                 answer = client.records(part.stream, part.partition, pos, end, part.max_records, part.max_bytes)
@@ -319,7 +320,7 @@ def _spec_text(spec: dict[int, int]) -> str:
 def plan(opts: ReadOptions, schema: StructType, ranges: list[tuple[int, int, int]]) -> list[GatewayPartition]:
     return [
         GatewayPartition(opts.url, opts.stream, p, s, e, opts.fail_on_data_loss, opts.include_headers,
-                         opts.max_records_per_fetch, opts.max_bytes_per_fetch, opts.timeout, opts.retry)
+                         opts.max_records_per_fetch, opts.max_bytes_per_fetch, opts.timeout, opts.retry, opts.authorization)
         for p, s, e in split(ranges, opts.min_partitions)
     ]
 
@@ -356,7 +357,7 @@ class GatewayBatchReader(DataSourceReader):
     @user_facing
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
-        with BrokerClient(opts.url, opts.timeout) as client:
+        with BrokerClient(opts.url, opts.timeout, authorization=opts.authorization) as client:
             bounds = bounds_of(client.stream(opts.stream))
             start = resolve_start(opts, client, bounds)
         end = self._end(bounds)
@@ -424,7 +425,7 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def client(self) -> BrokerClient:
         if self._client is None:
             # Retries only once the broker has answered: a wrong URL fails the query's start at once.
-            self._client = BrokerClient(self.opts.url, self.opts.timeout, retry=self.opts.retry)
+            self._client = BrokerClient(self.opts.url, self.opts.timeout, retry=self.opts.retry, authorization=self.opts.authorization)
         return self._client
 
     def _bounds(self) -> dict[int, tuple[int, int]]:
@@ -505,7 +506,7 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._registered = None
             try:
                 # A short timeout: a broker that is gone must not hold up the query's shutdown.
-                with BrokerClient(self.opts.url, min(self.opts.timeout, 5.0)) as client:
+                with BrokerClient(self.opts.url, min(self.opts.timeout, 5.0), authorization=self.opts.authorization) as client:
                     client.delete_reader(self.opts.stream, self.reader_name)
             except BrokerError as exc:
                 log.warning("gateway: could not unregister reader %s of stream %r (its lease will expire): %s",

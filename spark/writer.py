@@ -53,7 +53,7 @@ class Published(WriterCommitMessage):
 
 def check_broker(opts: WriteOptions) -> None:
     """Reach the broker once from the driver, so a wrong URL fails the write now, not in every task."""
-    with BrokerClient(opts.url, opts.timeout) as client:
+    with BrokerClient(opts.url, opts.timeout, authorization=opts.authorization) as client:
         client.streams()
 
 
@@ -99,7 +99,7 @@ class _Publisher:
         self.pending_bytes = 0
         self.result = Published(partition, 0, 0, 0, 0)
         # The driver checked the broker answers when the query started (see check_broker).
-        self.client = BrokerClient(opts.url, opts.timeout, retry=opts.retry, reached=True)
+        self.client = BrokerClient(opts.url, opts.timeout, retry=opts.retry, reached=True, authorization=opts.authorization)
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> Published:
         try:

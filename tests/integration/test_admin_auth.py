@@ -112,3 +112,23 @@ def test_anonymous_requests_when_allowed_follow_the_rules(tmp_path):
         assert call(handle, "GET", "/api/v1/streams/sensors", "carol", "wrong")[0] == 401  # not anonymous instead
     finally:
         handle.stop()
+
+
+def test_the_spark_client_reads_and_publishes_with_user_and_password(broker):
+    """What the Spark source and sink send (options user and password): the same HTTP Basic, the same rules."""
+    from spark.client import BrokerClient
+    from spark.errors import BrokerError
+    from spark.options import parse_write_options
+
+    url = f"http://127.0.0.1:{broker.admin_port}"
+    with BrokerClient(url) as anonymous:
+        with pytest.raises(BrokerError, match="401.*set the options user and password"):
+            anonymous.stream("sensors")
+    opts = parse_write_options({"url": url, "user": "carol", "password": PASSWORDS["carol"]})
+    with BrokerClient(url, authorization=opts.authorization) as carol:
+        assert carol.stream("sensors")["name"] == "sensors"
+        with pytest.raises(BrokerError, match="403.*lacks the permission"):
+            carol.stream("orders")
+    opts = parse_write_options({"url": url, "user": "alice", "password": PASSWORDS["alice"]})
+    with BrokerClient(url, authorization=opts.authorization) as alice:
+        assert {s["name"] for s in alice.streams()} == {"sensors", "orders"}

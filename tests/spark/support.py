@@ -80,7 +80,8 @@ class BrokerProcess:
         if not ready.wait(30) or proc.poll() is not None:
             self.stop()
             raise RuntimeError("broker did not start:\n" + "\n".join(self.log[-30:]))
-        self.get("/api/v1/streams")
+        status, data = self.request("GET", "/api/v1/streams")
+        assert status in (200, 401), (status, data)  # 401: it answers, and wants a user (a broker with [auth])
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

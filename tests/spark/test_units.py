@@ -131,3 +131,14 @@ def test_writer_ids_do_not_depend_on_row_order_and_count_identical_rows():
     b = _ids(b"p", 0, [("topic://a", b"x", {"j": "2", "k": "1"})])
     c = _ids(b"p", 0, [("topic://a", b"x", {"k": "2", "j": "2"})])
     assert a == b != c
+
+
+def test_user_and_password_become_http_basic_and_go_together():
+    import base64
+
+    opts = parse_read_options({"url": "http://h:1", "stream": "s", "user": "spark", "password": "p:w"}, True)
+    assert opts.authorization == "Basic " + base64.b64encode(b"spark:p:w").decode()
+    assert parse_write_options({"url": "http://h:1"}).authorization is None
+    for bad in ({"user": "spark"}, {"password": "x"}, {"user": "a:b", "password": "x"}):
+        with pytest.raises(OptionError, match="user"):
+            parse_write_options({"url": "http://h:1", **bad})

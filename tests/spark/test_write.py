@@ -111,3 +111,28 @@ def test_requests_are_cut_to_max_bytes_per_request(spark, broker):
     assert total(broker, "out") == before
     writer.option("maxBytesPerRequest", str(1 << 20)).save()
     assert total(broker, "out") == before + 60
+
+
+def test_a_broker_with_users_needs_user_and_password_for_reading_and_writing(spark, tmp_path):
+    from gateway.auth.users import Cost, PasswordHash, write_lines
+
+    workdir = tmp_path / "secured"
+    workdir.mkdir()
+    write_lines(str(workdir / "users"), [f"etl:{PasswordHash.make(b'etl-secret', Cost(ln=10))}"])
+    secured = BrokerProcess(workdir, {"jobs": {"destinations": ["topic://jobs.>"], "partitions": 1}}, extra=(
+        '[auth]\nusers_file = "users"\n'
+        '[[auth.rules]]\nwho = "user:etl"\npermissions = ["read", "write"]\n'
+        'destinations = ["topic://jobs.>", "stream://jobs"]\n'
+    ))
+    try:
+        df = spark.createDataFrame([(f"topic://jobs.j{i}", f"job {i}") for i in range(50)], "destination string, body string")
+        with pytest.raises(Exception) as refused:
+            df.write.format("gateway").option("url", secured.url).mode("append").save()
+        assert "401" in error_text(refused.value) and "set the options user and password" in error_text(refused.value)
+        (df.write.format("gateway").option("url", secured.url).option("user", "etl").option("password", "etl-secret")
+         .mode("append").save())
+        read = (spark.read.format("gateway").option("url", secured.url).option("stream", "jobs")
+                .option("user", "etl").option("password", "etl-secret").load())
+        assert sorted(r.body.decode() for r in read.collect()) == sorted(f"job {i}" for i in range(50))
+    finally:
+        secured.stop()
