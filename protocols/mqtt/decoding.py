@@ -407,7 +407,7 @@ class MqttDecoder:
     ``level``: the session rejects it.
     """
 
-    __slots__ = ("max_packet_size", "_level", "_server", "_first", "_buf", "_need")
+    __slots__ = ("max_packet_size", "connect_max_size", "_level", "_server", "_first", "_buf", "_need")
 
     def __init__(
         self, max_packet_size: int = MAX_PACKET_SIZE, level: int | None = None, server: bool = True
@@ -419,6 +419,8 @@ class MqttDecoder:
         self.max_packet_size = max_packet_size
         self._level = level
         self._server = server
+        # A tighter bound on the first packet (CONNECT) while nobody is logged in yet (0: none).
+        self.connect_max_size = 0
         self._first = _first_byte_table(level, server)
         self._buf = bytearray()
         self._need = 0
@@ -478,6 +480,8 @@ class MqttDecoder:
         first = self._first
         limit = self.max_packet_size
         level = self._level
+        if level is None and self.connect_max_size:
+            limit = min(limit, self.connect_max_size)  # only CONNECT can come first: it is the client before it logs in
         server = self._server
         try:
             while pos < n:
@@ -554,9 +558,10 @@ class MqttDecoder:
                     packet = _decode_connect(buf, start, end)
                     append(packet)
                     if level is None:
-                        # What follows the CONNECT is parsed by its level.
+                        # What follows the CONNECT is parsed by its level, and bounded as usual.
                         self.level = level = packet.level
                         first = self._first
+                        limit = self.max_packet_size
                 else:
                     decode = _DECODERS[b0 >> 4]
                     append(decode(buf, start, end, b0 & 15, level))

@@ -67,7 +67,7 @@ from protocols.mqtt.state import (
     message_qos,
     options_of,
 )
-from protocols.auth import Credentials, certificate_user
+from protocols.auth import Anonymous, Credentials, certificate_user
 from protocols.outbox import Outbox
 from protocols.transport import Transport
 
@@ -121,6 +121,9 @@ class MqttSession:
         self._auth_paused = False
         # With no rules everything is allowed: the checks are skipped, not made.
         self._checked = not isinstance(hub.access, AllowAll)
+        if not isinstance(hub.authenticator, Anonymous):
+            # Until it has logged in, a client may send one small packet (its CONNECT).
+            self.decoder.connect_max_size = self.settings.max_connect_size
         # Phase.CLOSED as a plain attribute: read for every packet and write, where a property costs a call.
         self.closed = False
         self.live: Connected | None = None

@@ -61,6 +61,8 @@ class MqttSettings:
     keep_alive_grace: float = 1.5
     max_subscriptions: int = 1000
     connect_timeout: float = 10.0
+    # With users configured: the largest CONNECT (with its will) a client not yet logged in may send.
+    max_connect_size: int = 65536
     # MQTT filters whose publishes go to a queue of the same name instead of the topic.
     queue_topics: list[str] = field(default_factory=list)
 

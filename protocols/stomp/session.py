@@ -66,6 +66,9 @@ class StompSettings:
     heartbeat_grace: float = 2.0
     max_subscriptions: int = 1000
     max_transactions: int = 100
+    # With users configured: the largest frame (body, and its header block) a client may
+    # send before it has logged in.
+    preauth_max_frame_size: int = 65536
     # Seconds a new connection may take to send CONNECT (0: no limit).
     connect_timeout: float = 30.0
 
@@ -140,7 +143,15 @@ class StompSession:
         self.transport = transport
         self.settings = settings
         self.remote = remote
-        self.decoder = StompDecoder(settings.limits)
+        limits = settings.limits
+        if not isinstance(self.authenticator, Anonymous):
+            # Until it has logged in, a client may send only small frames (its CONNECT).
+            small = settings.preauth_max_frame_size
+            limits = StompLimits(
+                min(limits.max_frame_size, small), min(limits.max_headers, 50),
+                min(limits.max_header_length, small), limits.max_command_length,
+            )
+        self.decoder = StompDecoder(limits)
         self.version = "1.0"
         self.phase = Phase.AWAITING_CONNECT
         # Phase.CLOSED as a plain attribute: read for every frame and write, where a property costs a call.
@@ -322,6 +333,7 @@ class StompSession:
         if self._connect_timer is not None and self._connect_timer.active():
             self._connect_timer.cancel()
         self._connect_timer = None
+        self.decoder.limits = self.settings.limits  # logged in: the usual limits from the next frame on
         try:
             conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote, user=self.principal.name)
         except UserLimit as exc:

@@ -302,3 +302,32 @@ def test_connections_per_user_are_limited(tmp_path):
         mqtt_close(second)
     finally:
         handle.stop()
+
+
+def test_before_login_only_small_frames_and_packets_are_read(broker):
+    from protocols.mqtt import codec as mq
+    from tests.support import RawMqtt, RawStomp
+
+    stomp_raw = RawStomp(broker)
+    try:
+        stomp_raw.frame("CONNECT", {"accept-version": "1.2", "login": "dev1", "passcode": "x" * 100_000})
+        error = stomp_raw.expect_error_and_close()
+        assert error.headers["message"] in ("Header too long", "Headers too large"), error.headers
+    finally:
+        stomp_raw.close()
+    for level in (4, 5):
+        raw = RawMqtt(broker, level=level)
+        try:
+            raw.packet(mq.Connect("MQTT", level, True, 30, f"big-{level}", username="dev1", password=b"x",
+                                  will=mq.Will("sensors/dev1/gone", b"w" * 65_535)))  # over the 64 KiB CONNECT bound
+            assert raw.closed_by_peer()
+            # Refused before its level, let alone its password, was read: closed without a CONNACK.
+            assert raw.received == []
+        finally:
+            raw.close()
+    # Logged in, the usual limits apply: a 200 KiB message goes through.
+    conn, got = stomp_login("ops")
+    conn.subscribe("/queue/big", id="b")
+    conn.send("/queue/big", "y" * 200_000, receipt="r")
+    assert len(got.wait_for(1)[0].body) == 200_000
+    disconnect(conn)
