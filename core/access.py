@@ -209,6 +209,11 @@ class Rules:
     CACHE_SIZE = 10_000
 
     def __init__(self, rules: list[Rule]) -> None:
+        self._cache: dict[tuple[Principal, Permission, str, str | None], bool] = {}
+        self.replace(rules)
+
+    def replace(self, rules: list[Rule]) -> None:
+        """New rules (a reload): every session holding this object checks by them from now on."""
         self.rules = list(rules)
         # permission -> kind -> [(who, allow, pattern)], in the configured order.
         self._compiled: dict[Permission, dict[str, list[tuple[str, bool, _Pattern]]]] = {p: {} for p in Permission}
@@ -219,7 +224,7 @@ class Rules:
                 pattern = _Pattern(kind, levels, USERNAME in levels or CLIENT_ID in levels)
                 for permission in rule.permissions:
                     self._compiled[permission].setdefault(kind, []).append((rule.who, rule.allow, pattern))
-        self._cache: dict[tuple[Principal, Permission, str, str | None], bool] = {}
+        self._cache.clear()
 
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         key = (principal, permission, destination, client_id)

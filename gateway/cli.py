@@ -71,11 +71,12 @@ def _tune_gc() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    overrides = {
+        "host": args.host, "data_dir": args.data_dir, "stomp_port": args.stomp_port,
+        "mqtt_port": args.mqtt_port, "ws_port": args.ws_port, "admin_port": args.admin_port, "log_level": args.log_level,
+    }
     try:
-        config = configuration.load(args.config, {
-            "host": args.host, "data_dir": args.data_dir, "stomp_port": args.stomp_port,
-            "mqtt_port": args.mqtt_port, "ws_port": args.ws_port, "admin_port": args.admin_port, "log_level": args.log_level,
-        })
+        config = configuration.load(args.config, overrides)
     except configuration.ConfigError as exc:
         print(f"gateway: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from gateway.server import Gateway
 
     gateway = Gateway(config, reactor)
+    # SIGHUP reads the file again, with the same flags on top.
+    gateway.reload_config = lambda: configuration.load(args.config, overrides)
     outcome = {"code": 0}
 
     def stop_soon(signum: int, frame: Any) -> None:
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, stop_soon)
-    # SIGHUP re-reads the users file and the TLS certificates (rules need a restart for now).
+    # SIGHUP re-reads [auth] (users, groups, rules) and the TLS certificates.
     signal.signal(signal.SIGHUP, lambda signum, frame: reactor.callFromThread(gateway.reload))
 
     def failed(failure: Any) -> None:

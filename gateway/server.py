@@ -16,7 +16,7 @@ from gateway.admin import admin_site
 from gateway.admin.auth import BasicGuard
 from gateway.admin.http import AdminSite
 from gateway.auth.security import Security, check_exposure
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.tls import ServerTls, TlsError, TlsFiles, tls_factory
 from gateway.twisted_types import DelayedCall, ListeningPort, Reactor
 from persistence.memory import MemoryStore
@@ -80,6 +80,8 @@ class Gateway:
         # [auth]: one authenticator for every listener, the rules, built by start.
         self.security: Security | None = None
         self.authenticator: Authenticator = Anonymous()
+        # How to read the configuration again on SIGHUP (the CLI sets it: file and flags).
+        self.reload_config: Callable[[], Config] | None = None
         self.access: Access = AllowAll()
 
     def _open_store(self) -> Store:
@@ -221,9 +223,18 @@ class Gateway:
         return ServerTls(files, {config.tls_client_certs(name) for name in names})
 
     def reload(self) -> None:
-        """SIGHUP: the users file and the TLS certificates again; connected clients stay connected."""
+        """SIGHUP: the configuration's [auth] (users, groups, rules) and the TLS certificates again;
+        connected clients stay connected.  A file that cannot be used is logged and the old settings stay."""
         if self.security is not None:
-            self.security.reload_users()
+            if self.reload_config is None:
+                self.security.reload_users()
+            else:
+                try:
+                    fresh = self.reload_config()
+                except ConfigError as exc:
+                    log.error("configuration not reloaded, the previous one stays: {error}", error=str(exc))
+                else:
+                    self.security.reload(fresh)
         self.reload_tls()
 
     def reload_tls(self) -> bool:

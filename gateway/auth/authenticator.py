@@ -70,6 +70,11 @@ class PasswordAuthenticator:
         """Waits for the checks under way (tens of milliseconds each); queued ones are dropped."""
         self.pool.stop()
 
+    def replace_groups(self, groups: Mapping[str, frozenset[str]]) -> None:
+        """Re-read groups: principals made from now on carry them (connected ones keep theirs)."""
+        self.groups = groups
+        self._principals.clear()
+
     def replace_users(self, users: Users) -> None:
         """A re-read users file: remembered passwords are forgotten."""
         self.users = users

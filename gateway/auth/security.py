@@ -72,6 +72,34 @@ class Security:
         # The admin listener asks for HTTP Basic credentials once there are users to give them.
         self.credentials_required = self.passwords is not None
 
+    def reload(self, config: Config) -> bool:
+        """SIGHUP with a re-read configuration: users, groups and rules in place, clients stay connected.
+
+        Turning users or rules on or off changes what every session checks at
+        CONNECT; that needs a restart, and is refused here with a message.
+        """
+        settings = config.auth
+        rules = self._rules()
+        restricted = bool(settings.users_file or settings.rules or settings.allow_anonymous is False)
+        if (rules is not None) != restricted or (self.passwords is None) != (not settings.users_file and settings.anonymous):
+            log.error("[auth] reload refused: turning users or rules on or off needs a restart; the previous settings stay")
+            return False
+        if settings.users_file != self.settings.users_file:
+            log.error("[auth] reload refused: users_file changed; restart to use {path}", path=settings.users_file)
+            return False
+        self.settings = settings
+        if rules is not None:
+            rules.replace(settings.rules)
+        if self.passwords is not None:
+            self.passwords.replace_groups(settings.memberships())
+        self.reload_users()
+        log.info("[auth] reloaded: {n} rules, {g} groups", n=len(settings.rules), g=len(settings.groups))
+        return True
+
+    def _rules(self) -> Rules | None:
+        access = self.access.access if isinstance(self.access, AuditedAccess) else self.access
+        return access if isinstance(access, Rules) else None
+
     def reload_users(self) -> bool:
         """Read the users file again (SIGHUP); a file that cannot be read leaves the old users in place."""
         path = self.settings.users_file

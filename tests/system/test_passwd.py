@@ -70,3 +70,53 @@ def test_run_on_a_public_address_with_users(tmp_path):
         broker.wait_for_line(f"STOMP listening on 0.0.0.0:{port}")
     finally:
         assert broker.stop() == 0, "".join(broker.lines)
+
+
+def test_sighup_reloads_users_groups_and_rules_without_dropping_clients(tmp_path):
+    import signal
+
+    import stomp
+
+    from gateway.auth.users import Cost, PasswordHash, write_lines
+    from tests.support import Collector
+
+    write_lines(str(tmp_path / "users"), [f"ops:{PasswordHash.make(b'ops-pw', Cost(ln=10))}"])
+    config = tmp_path / "gateway.toml"
+
+    def rules(*queues: str) -> str:
+        return (
+            '[auth]\nusers_file = "users"\n[[auth.rules]]\nwho = "user:ops"\npermissions = ["read", "write"]\n'
+            f"destinations = {list(queues)!r}\n".replace("'", '"')
+        )
+
+    config.write_text(rules("queue://a"))
+    port = free_port()
+    broker = BrokerProcess("--config", str(config), "--data-dir", str(tmp_path / "d"), "--stomp-port", str(port),
+                           "--mqtt-port", "0", "--ws-port", "0", "--admin-port", "0", cwd=tmp_path)
+    try:
+        broker.wait_for_line("STOMP listening")
+        conn = stomp.Connection12([("127.0.0.1", port)])
+        got = Collector()
+        conn.set_listener("c", got)
+        conn.connect("ops", "ops-pw", wait=True)
+        conn.send("/queue/a", "allowed", receipt="r1")
+        got.wait_for(1, what="receipts")
+        other = stomp.Connection12([("127.0.0.1", port)])
+        other_got = Collector()
+        other.set_listener("c", other_got)
+        other.connect("ops", "ops-pw", wait=True)
+        other.send("/queue/b", "not yet")
+        assert other_got.wait_for(1, what="errors")[0].headers["message"] == "Access denied"
+
+        config.write_text("this is not TOML [")  # a broken edit: logged, the old rules stay
+        broker.proc.send_signal(signal.SIGHUP)
+        broker.wait_for_line("configuration not reloaded")
+        config.write_text(rules("queue://a", "queue://b"))
+        broker.proc.send_signal(signal.SIGHUP)
+        broker.wait_for_line("[auth] reloaded: 1 rules")
+        conn.send("/queue/b", "allowed now", receipt="r2")  # the same connection, checked by the new rules
+        got.wait_for(2, what="receipts")
+        assert got.errors == [] and conn.is_connected()
+        conn.disconnect()
+    finally:
+        assert broker.stop() == 0
