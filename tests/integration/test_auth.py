@@ -14,6 +14,7 @@ import stomp
 from paho.mqtt.enums import CallbackAPIVersion
 
 from core.access import Rule
+from core.stream import StreamSpec
 from gateway.auth.users import Cost, PasswordHash, write_lines
 from tests.support import BrokerHandle, Collector, MqttCollector, disconnect, make_config, mqtt_close
 
@@ -27,13 +28,14 @@ def broker(tmp_path_factory: Any):
     users = tmp / "users"
     write_lines(str(users), [f"{name}:{PasswordHash.make(pw.encode(), CHEAP)}" for name, pw in PASSWORDS.items()])
     config = make_config(tmp)
+    config.streams = [StreamSpec("readings", ["topic://sensors.>"])]
     config.auth.users_file = str(users)
     config.auth.max_failed_logins = 0  # this module fails logins on purpose; the ban has its own test
     config.auth.groups = {"devices": ["dev1", "dev2"]}
     config.auth.rules = [
         Rule.parse("group:devices", "allow", ["write"], ["topic://sensors.{username}.>"]),
         Rule.parse("group:devices", "allow", ["read"], ["topic://commands.{username}.>"]),
-        Rule.parse("user:ops", "allow", ["read", "write"], ["topic://>", "queue://>"]),
+        Rule.parse("user:ops", "allow", ["read", "write"], ["topic://>", "queue://>", "temp-queue://>"]),
         Rule.parse("user:ops", "deny", ["write"], ["queue://frozen"]),
     ]
     handle = BrokerHandle(config)
@@ -331,3 +333,23 @@ def test_before_login_only_small_frames_and_packets_are_read(broker):
     conn.send("/queue/big", "y" * 200_000, receipt="r")
     assert len(got.wait_for(1)[0].body) == 200_000
     disconnect(conn)
+
+
+def test_stream_reads_need_read_on_the_stream(broker):
+    """ops may read every topic and queue, but no stream://: its STOMP stream subscription is denied."""
+    conn, got = stomp_login("ops")
+    conn.subscribe("/stream/readings", id="s", ack="client-individual", headers={"x-stream-offset": "first", "receipt": "r"})
+    (error,) = got.wait_for(1, what="errors")
+    assert error.headers["message"] == "Access denied" and "read access to /stream/readings is not allowed" in error.body
+
+
+def test_a_temporary_queue_is_consumed_by_its_owner_only(broker):
+    owner, owner_got = stomp_login("ops")
+    owner.subscribe("/temp-queue/replies", id="t")
+    owner.send("/temp-queue/replies", "hello", receipt="r")
+    (hello,) = owner_got.wait_for(1)
+    other, other_got = stomp_login("ops")  # the same user, another connection
+    other.subscribe(hello.headers["destination"], id="steal", receipt="r2")
+    (error,) = other_got.wait_for(1, what="errors")
+    assert "only the connection that created a temporary queue can consume from it" in error.body
+    disconnect(owner)
