@@ -81,7 +81,9 @@ class BrokerProcess:
             self.stop()
             raise RuntimeError("broker did not start:\n" + "\n".join(self.log[-30:]))
         status, data = self.request("GET", "/api/v1/streams")
-        assert status in (200, 401), (status, data)  # 401: it answers, and wants a user (a broker with [auth])
+        if status not in (200, 401):  # 401: it answers, and wants a user (a broker with [auth])
+            self.stop()  # never leave a broker process behind a failed start
+            raise RuntimeError(f"broker answered GET /api/v1/streams with {status}: {data[:200]!r}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
