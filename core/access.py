@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 class Permission(enum.Enum):
@@ -256,3 +256,24 @@ class Rules:
             elif overlaps(levels, target):
                 return False
         return allowed
+
+
+class DeadLetterAccess:
+    """Dead-letter queues need ``admin`` besides the permission asked for.
+
+    A DLQ gathers failed messages from every queue, so a rule that lets a user
+    read ``queue://>`` should not also let it read what other queues' messages
+    became; and a client writing to a DLQ would forge dead letters.  The
+    broker's own moves into the DLQ are not client operations and are not asked.
+    """
+
+    def __init__(self, access: Access, is_dead_letter_queue: Callable[[str], bool]) -> None:
+        self.access = access
+        self.is_dead_letter_queue = is_dead_letter_queue
+
+    def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
+        if not self.access.allowed(principal, permission, destination, client_id):
+            return False
+        if permission is Permission.ADMIN or not self.is_dead_letter_queue(destination):
+            return True
+        return self.access.allowed(principal, Permission.ADMIN, destination, client_id)

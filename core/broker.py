@@ -493,7 +493,7 @@ class Broker:
         return self.policy.dead_letter_queue
 
     def is_dead_letter_queue(self, name: str) -> bool:
-        return name == self.policy.dead_letter_queue or name.startswith("queue://DLQ.")
+        return self.policy.is_dead_letter_queue(name)
 
     def dead_letter(self, queue: MessageQueue, entry: Entry, reason: str) -> None:
         queue.settle(entry)
@@ -562,7 +562,7 @@ class Broker:
 
     def durable_subscription(
         self, key: str, destination: str, selector_text: str | None, selector: MessageFilter | None, no_local: bool,
-        *, queue_key: str | None = None, options: Options | None = None,
+        *, queue_key: str | None = None, options: Options | None = None, user: str | None = None,
     ) -> Subscription:
         """Find or create a durable subscription; a changed definition starts afresh (as JMS).
 
@@ -590,7 +590,7 @@ class Broker:
                 raise SubscriptionError(f"durable subscription {key!r} is active; it cannot be redefined now")
             self.remove_durable(key)
         queue = self.durable_queue(queue_key)
-        sub = Subscription(queue, destination, selector=selector, no_local=no_local, durable_key=key, options=options)
+        sub = Subscription(queue, destination, selector=selector, no_local=no_local, durable_key=key, options=options, user=user)
         self.durables[key] = sub
         self.topics.add(sub)
         self._save_durable(key, sub, queue_key, selector_text)
@@ -599,7 +599,7 @@ class Broker:
     def _save_durable(self, key: str, sub: Subscription, queue_key: str, selector_text: str | None) -> None:
         record = {
             "destination": sub.destination, "selector": selector_text or None, "no_local": sub.no_local,
-            "queue": queue_key, "options": _options_record(sub.options),
+            "queue": queue_key, "options": _options_record(sub.options), "user": sub.user,
         }
         self.store.put_record(DURABLE_KIND, key, json.dumps(record).encode())
 
@@ -668,7 +668,7 @@ class Broker:
             queue = self.durable_queue(record.get("queue") or key)
             sub = Subscription(
                 queue, record["destination"], selector=selector, no_local=record.get("no_local", False),
-                durable_key=key, options=record.get("options"),
+                durable_key=key, options=record.get("options"), user=record.get("user"),
             )
             self.durables[key] = sub
             self.topics.add(sub)

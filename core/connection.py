@@ -68,6 +68,7 @@ class Host(QueueHost, Protocol):
 
     def durable_subscription(
         self, key: str, destination: str, selector_text: str | None, selector: Selector | None, no_local: bool,
+        *, user: str | None = None,
     ) -> Subscription: ...
 
     def remove_durable(self, key: str) -> bool: ...
@@ -179,7 +180,9 @@ class Connection:
                     raise SubscriptionError("a durable subscription needs a client id on the connection")
                 key = f"{self.client_id}:{durable_name}"
                 prior = broker.durable(key)
-                sub = broker.durable_subscription(key, destination, selector, compiled, no_local)
+                if prior is not None and prior.user != self.user:
+                    raise SubscriptionError(f"durable subscription {durable_name!r} of client {self.client_id!r} is another user's")
+                sub = broker.durable_subscription(key, destination, selector, compiled, no_local, user=self.user)
                 # A returning subscriber kept receiving while away: replaying would duplicate.
                 retroactive = retroactive and sub is not prior
                 if sub.queue.consumers:
@@ -278,6 +281,8 @@ class Connection:
         sub = self.broker.durable(key)
         if sub is None:
             return False
+        if sub.user != self.user:
+            raise SubscriptionError(f"durable subscription {name!r} of client {self.client_id!r} is another user's")
         if sub.queue.consumers:
             raise SubscriptionError(f"durable subscription {name!r} is active")
         return self.broker.remove_durable(key)

@@ -21,6 +21,10 @@ class Policy:
     # Dead letters go to this queue, or with individual_dlq to DLQ.<name>.
     dead_letter_queue: str = "queue://DLQ"
     individual_dlq: bool = False
+
+    def is_dead_letter_queue(self, name: str) -> bool:
+        """The shared DLQ, or any ``DLQ.<queue>`` (individual DLQs made while that policy was on stay DLQs)."""
+        return name == self.dead_letter_queue or name.startswith("queue://DLQ.")
     # Whether expired messages are kept as dead letters (True) or dropped.
     expired_to_dlq: bool = True
     # Unacknowledged deliveries a consumer may hold when it names no prefetch.

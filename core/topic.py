@@ -37,7 +37,7 @@ class Subscription:
     subscriber's queue only ever holds what it will be given.
     """
 
-    __slots__ = ("queue", "destination", "levels", "selector", "no_local", "owner_id", "durable_key", "options")
+    __slots__ = ("queue", "destination", "levels", "selector", "no_local", "owner_id", "durable_key", "options", "user")
 
     def __init__(
         self,
@@ -49,6 +49,7 @@ class Subscription:
         owner_id: str | None = None,
         durable_key: str | None = None,
         options: Options | None = None,
+        user: str | None = None,
     ) -> None:
         self.queue = queue
         self.destination = destination
@@ -60,6 +61,8 @@ class Subscription:
         # Protocol-specific options, kept (and stored for durable ones) but not
         # interpreted by the core: MQTT's QoS, retain handling, identifiers.
         self.options = options
+        # Who made a durable subscription: it keeps what that user may read, so no other user attaches to it.
+        self.user = user
 
     def redefine(self, options: Options | None, no_local: bool) -> None:
         """Other delivery options for the same messages (MQTT QoS, no local, retain handling)."""

@@ -1,4 +1,4 @@
-"""``gateway run``: start the broker from its embedded default, a TOML file and flags; ``gateway passwd``: its users file."""
+"""``gateway run``: start the broker from its embedded default, a TOML file and flags; ``gateway passwd``/``token``: its users and tokens files."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,7 @@ from twisted.logger import (
 
 from gateway import config as configuration
 from gateway.auth import passwd as passwd_command
+from gateway.auth import tokens as token_command
 from gateway.perf import command as perf_command
 from gateway.twisted_types import installed_reactor
 
@@ -38,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", choices=configuration.LOG_LEVELS, help="default info")
     perf_command.add_parser(commands)
     passwd_command.add_parser(commands)
+    token_command.add_parser(commands)
     return parser
 
 
@@ -129,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return perf_command.run(args)
     if args.command == "passwd":
         return passwd_command.run(args)
+    if args.command == "token":
+        return token_command.run(args)
     return 2
 
 

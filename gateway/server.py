@@ -131,7 +131,10 @@ class Gateway:
             "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings, self.guard),
         }
         self.admin = admin_site(
-            self.broker, config.admin_settings.max_request_size, VERSION, BasicGuard(self.authenticator, self.access, self.security.audit if self.security else None),
+            self.broker, config.admin_settings.max_request_size, VERSION, BasicGuard(
+                self.authenticator, self.access, self.security.audit if self.security else None,
+                self.security.passwords.authenticate_token if self.security and self.security.passwords else None,
+            ),
         )
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
         self._housekeeping: DelayedCall | None = None

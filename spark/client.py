@@ -163,7 +163,7 @@ class BrokerClient:
         except (ValueError, AttributeError):
             answer, text, code = {}, data[:200].decode("utf-8", "replace"), ""
         if status in (401, 403):
-            why = "set the options user and password" if status == 401 else "the user lacks the permission (read on the stream, write on the destination)"
+            why = "set the options user and password (or token)" if status == 401 else "the user lacks the permission (read on the stream, write on the destination)"
             return BrokerError(f"gateway: the broker at {self.url} refused {method} {path}: {status} {text or code}; {why}", status, code)
         if status == 404 and not code:
             return BrokerError(

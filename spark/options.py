@@ -125,8 +125,14 @@ def _timeout(opts: dict[str, str]) -> float:
 
 
 def _authorization(opts: dict[str, str]) -> str | None:
-    """``user`` and ``password`` (Spark redacts an option of that name in plans and logs) as HTTP Basic."""
-    user, password = _get(opts, "user"), _get(opts, "password")
+    """``user`` and ``password`` as HTTP Basic, or ``token`` as a bearer token (Spark redacts both names in plans and logs)."""
+    user, password, token = _get(opts, "user"), _get(opts, "password"), _get(opts, "token")
+    if token is not None:
+        if user is not None or password is not None:
+            raise OptionError("token", "(redacted)", "replaces user and password: give one or the other")
+        if not token.startswith("gwt_") or any(c.isspace() for c in token):
+            raise OptionError("token", "(redacted)", "must be a token made by `gateway token FILE USER` (gwt_...)")
+        return "Bearer " + token
     if user is None and password is None:
         return None
     if not user or password is None:

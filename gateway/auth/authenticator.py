@@ -29,6 +29,7 @@ from twisted.python.threadpool import ThreadPool
 
 from core.access import ANONYMOUS, Principal
 from gateway.auth.audit import AuditLog, LoginBackoff, host_of
+from gateway.auth.tokens import Tokens
 from gateway.auth.users import Users
 from gateway.twisted_types import Reactor
 from protocols.auth import Answer, Credentials
@@ -62,6 +63,7 @@ class PasswordAuthenticator:
         self._cache_key = secrets.token_bytes(32)
         self._verified: dict[str, tuple[bytes, float]] = {}  # name -> (HMAC of the password, expiry)
         self._principals: dict[str, Principal] = {}
+        self.tokens = Tokens({})
 
     def start(self) -> None:
         self.pool.start()
@@ -80,6 +82,27 @@ class PasswordAuthenticator:
         self.users = users
         self._verified.clear()
         self._principals.clear()
+
+    def replace_tokens(self, tokens: Tokens) -> None:
+        self.tokens = tokens
+
+    def authenticate_token(self, token: str, remote: str, protocol: str = "http") -> tuple[Principal | None, str]:
+        """The principal a bearer token acts as, at once (a SHA-256, no thread); refusals audited and counted as failed logins."""
+        host = host_of(remote)
+        now = self.reactor.seconds()
+        backoff = self.backoff
+        if backoff is not None:
+            wait = backoff.banned(host, now)
+            if wait:
+                self.audit.write("login_refused", reason="address banned", address=remote, protocol=protocol)
+                return None, BANNED.format(seconds=max(wait, 1))
+        user = self.tokens.user_of(token)
+        if user is not None and user in self.users:
+            return self.principal(user), ""
+        self.audit.write("login_failed", reason="bad token", address=remote, protocol=protocol)
+        if backoff is not None and backoff.failed(host, now):
+            self.audit.write("address_banned", address=host)
+        return None, REFUSED
 
     def principal(self, name: str) -> Principal:
         found = self._principals.get(name)

@@ -5,10 +5,11 @@ import os
 
 from twisted.logger import Logger
 
-from core.access import Access, AllowAll, Rules
+from core.access import Access, AllowAll, DeadLetterAccess, Rules
 from gateway.auth.audit import AuditedAccess, AuditLog, LoginBackoff
 from gateway.auth.authenticator import PasswordAuthenticator
 from gateway.auth.settings import exposure_refusal
+from gateway.auth.tokens import Tokens
 from gateway.auth.users import Users
 from gateway.config import Config
 from gateway.twisted_types import Reactor
@@ -58,6 +59,8 @@ class Security:
                 ) if settings.max_failed_logins else None,
             )
             self.authenticator = self.passwords
+            if settings.tokens_file:
+                self.passwords.replace_tokens(Tokens.load(settings.tokens_file))
             log.info("{n} users from {path}; anonymous clients {anonymous}, {rules} rules",
                      n=len(users), path=settings.users_file or "(no users_file)",
                      anonymous="allowed" if settings.anonymous else "refused", rules=len(settings.rules))
@@ -65,6 +68,8 @@ class Security:
                 log.warn("{path} can be read by other users of this machine: chmod 600 it", path=settings.users_file)
         restricted = bool(settings.users_file or settings.rules or settings.allow_anonymous is False)
         self.access: Access = Rules(settings.rules) if restricted else AllowAll()
+        if restricted:
+            self.access = DeadLetterAccess(self.access, config.policy.is_dead_letter_queue)
         if restricted and settings.audit_log:
             self.access = AuditedAccess(self.access, self.audit)
         if restricted and not settings.rules:
@@ -87,6 +92,9 @@ class Security:
         if settings.users_file != self.settings.users_file:
             log.error("[auth] reload refused: users_file changed; restart to use {path}", path=settings.users_file)
             return False
+        if settings.tokens_file != self.settings.tokens_file:
+            log.error("[auth] reload refused: tokens_file changed; restart to use {path}", path=settings.tokens_file)
+            return False
         self.settings = settings
         if rules is not None:
             rules.replace(settings.rules)
@@ -97,7 +105,9 @@ class Security:
         return True
 
     def _rules(self) -> Rules | None:
-        access = self.access.access if isinstance(self.access, AuditedAccess) else self.access
+        access = self.access
+        while isinstance(access, (AuditedAccess, DeadLetterAccess)):
+            access = access.access
         return access if isinstance(access, Rules) else None
 
     def reload_users(self) -> bool:
@@ -110,8 +120,17 @@ class Security:
         except (OSError, ValueError) as exc:
             log.error("users file {path} not reloaded, the previous users stay: {error}", path=path, error=str(exc))
             return False
+        tokens_path = self.settings.tokens_file
+        try:
+            tokens = Tokens.load(tokens_path) if tokens_path else None
+        except (OSError, ValueError) as exc:
+            log.error("tokens file {path} not reloaded, the previous users and tokens stay: {error}", path=tokens_path, error=str(exc))
+            return False
         self.passwords.replace_users(users)
-        log.info("{n} users reloaded from {path}", n=len(users), path=path)
+        if tokens is not None:
+            self.passwords.replace_tokens(tokens)
+        log.info("{n} users reloaded from {path}{tokens}", n=len(users), path=path,
+                 tokens=f", {len(tokens)} tokens from {tokens_path}" if tokens is not None else "")
         return True
 
     def start(self) -> None:

@@ -24,7 +24,7 @@ from core.access import Rule
 
 _KEYS = (
     "users_file", "allow_anonymous", "groups", "rules", "login_cache_seconds", "hash_threads", "max_pending_logins",
-    "max_failed_logins", "failed_login_window", "failed_login_ban_seconds", "audit_log",
+    "max_failed_logins", "failed_login_window", "failed_login_ban_seconds", "audit_log", "tokens_file",
 )
 _RULE_KEYS = ("who", "access", "permissions", "destinations")
 
@@ -33,6 +33,8 @@ _RULE_KEYS = ("who", "access", "permissions", "destinations")
 class AuthSettings:
     # The users file (`gateway passwd FILE USER` writes it); "" is none: everyone is anonymous.
     users_file: str = ""
+    # Bearer tokens for the admin listener (`gateway token FILE USER` writes it); "" is none.
+    tokens_file: str = ""
     # None: not said.  Then anonymous clients are let in only without a users file, and a
     # broker without one refuses to listen beyond loopback.
     allow_anonymous: bool | None = None
@@ -70,6 +72,8 @@ class AuthSettings:
         """A relative users file is the configuration file's neighbour."""
         if self.users_file and not os.path.isabs(self.users_file):
             self.users_file = os.path.join(base, self.users_file)
+        if self.tokens_file and not os.path.isabs(self.tokens_file):
+            self.tokens_file = os.path.join(base, self.tokens_file)
         if self.audit_log and not os.path.isabs(self.audit_log):
             self.audit_log = os.path.join(base, self.audit_log)
 
@@ -84,6 +88,12 @@ def parse_auth(values: dict[str, Any]) -> AuthSettings:
     if not isinstance(users_file, str):
         raise ValueError("[auth] users_file must be a path (string)")
     settings.users_file = users_file
+    tokens_file = values.get("tokens_file", "")
+    if not isinstance(tokens_file, str):
+        raise ValueError("[auth] tokens_file must be a path (string)")
+    if tokens_file and not users_file:
+        raise ValueError("[auth] tokens_file needs a users_file: a token acts as one of its users")
+    settings.tokens_file = tokens_file
     anonymous = values.get("allow_anonymous")
     if anonymous is not None and not isinstance(anonymous, bool):
         raise ValueError("[auth] allow_anonymous must be true or false")

@@ -158,14 +158,18 @@ class Users:
 
     @classmethod
     def load(cls, path: str) -> Users:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
-            raise UsersFileError(f"cannot read users file {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise UsersFileError(f"users file {path} is not UTF-8") from None
-        return cls.parse(text, path)
+        return cls.parse(read_file(path, "users file"), path)
+
+
+def read_file(path: str, what: str) -> str:
+    """The whole of a users or tokens file; UsersFileError says why it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsersFileError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsersFileError(f"{what} {path} is not UTF-8") from None
 
 
 def _entry(line: str) -> tuple[str, str, str] | None:

@@ -63,6 +63,16 @@ class MqttHub:
 
     # -- attaching and detaching connections --------------------------------
 
+    def owner_of(self, client_id: str) -> tuple[bool, str | None]:
+        """(whether a session of this client id exists, live or kept; the user who made it).
+
+        A session holds what its user's subscriptions let in, so another user
+        may neither resume nor take it over; without users every session is
+        the anonymous user's and this never refuses.
+        """
+        client = self.clients.get(client_id)
+        return (False, None) if client is None else (True, client.user)
+
     def attach(self, session: MqttSession, client_id: str, clean_start: bool, expiry: int) -> tuple[ClientSession, bool]:
         """Give a new connection its session; returns it and whether it existed (session present)."""
         client = self.clients.get(client_id)
@@ -81,6 +91,7 @@ class MqttHub:
                 queue = MessageQueue(f"mqtt://{client_id}", self.broker)
             queue.max_redeliveries = -1
             client = self.clients[client_id] = ClientSession(client_id, queue, durable)
+            client.user = session.principal.name
         for timer in (client.expiry_timer, client.will_timer):
             if timer is not None and timer.active():
                 timer.cancel()  # back in time: neither the session nor a delayed will ends
@@ -124,6 +135,7 @@ class MqttHub:
         queue.max_redeliveries = -1
         client = self.clients[client_id] = ClientSession(client_id, queue, True)
         client.expiry = state.get("expiry", NEVER_EXPIRES)
+        client.user = state.get("user")
         client.released = {int(pid): seq for pid, seq in state.get("released", {}).items()}
         client.inbound_qos2 = set(state.get("inbound", ()))
         # The client holds these already (PUBREC was received): PUBREL, not PUBLISH, is due.

@@ -307,12 +307,20 @@ class MqttSession:
             else:
                 self.principal = principal
                 will = packet.will
+                exists, owner = self.hub.owner_of(client_id)
                 if will is not None and not self.hub.access.allowed(
                     principal, Permission.WRITE, topic_to_canonical(will.topic), client_id,
                 ):
                     self._refuse(
                         ConnackReturnCode.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED,
                         f"publishing the will to {will.topic} is not allowed for this user",
+                    )
+                elif exists and owner != principal.name:
+                    log.warn("[{label}] user {user!r} refused the session of client id {client} (another user's)",
+                             label=self.label, user=principal.name, client=client_id)
+                    self._refuse(
+                        ConnackReturnCode.IDENTIFIER_REJECTED, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                        f"client id {client_id} is another user's session",
                     )
                 else:
                     self._connected(packet, client_id, assigned, expiry)
@@ -789,7 +797,7 @@ class MqttSession:
         if client.durable:
             sub = broker.durable_subscription(
                 f"{self.hub.queue_key(client.client_id)}\x1f{mqtt_filter}", canonical, None, None, request.no_local,
-                queue_key=self.hub.queue_key(client.client_id), options=options,
+                queue_key=self.hub.queue_key(client.client_id), options=options, user=client.user,
             )
         else:
             old = client.subs.get(mqtt_filter)

@@ -158,6 +158,7 @@ class ClientSession:
         self.will_timer: Any = None
         self.pending_will: mq.Will | None = None      # a will waiting out its delay
         self.left_at = 0                               # epoch ms of the last disconnect (0: connected)
+        self.user: str | None = None                   # who made it; another user may not take it over
 
     def packet_id_for(self, seq: int) -> int:
         """The packet id for a message: first choice derived from its sequence, so a
@@ -171,7 +172,7 @@ class ClientSession:
         """What must outlive the process: expiry and the QoS 2 flows in progress."""
         return json.dumps({
             "expiry": self.expiry, "left_at": self.left_at,
-            "released": self.released, "inbound": sorted(self.inbound_qos2),
+            "released": self.released, "inbound": sorted(self.inbound_qos2), "user": self.user,
         }).encode()
 
     def allocate_id(self) -> int:

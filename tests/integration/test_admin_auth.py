@@ -132,3 +132,103 @@ def test_the_spark_client_reads_and_publishes_with_user_and_password(broker):
     opts = parse_write_options({"url": url, "user": "alice", "password": PASSWORDS["alice"]})
     with BrokerClient(url, authorization=opts.authorization) as alice:
         assert {s["name"] for s in alice.streams()} == {"sensors", "orders"}
+
+
+def test_bearer_tokens_act_as_their_user_until_revoked(tmp_path, capsys):
+    """`gateway token FILE USER` prints a token; the admin listener takes it as that user, with its rules."""
+    from gateway.cli import main
+
+    tokens = str(tmp_path / "tokens")
+    made = {}
+    for user in ("carol", "bob", "alice"):
+        assert main(["token", tokens, user]) == 0
+        made[user] = capsys.readouterr().out.strip()
+    assert all(t.startswith("gwt_") for t in made.values()) and len(set(made.values())) == 3
+    config = auth_config(tmp_path)
+    config.auth.tokens_file = tokens
+    handle = BrokerHandle(config)
+    try:
+        def bearer(token, path="/api/v1/streams/sensors"):
+            return call(handle, "GET", path, authorization=f"Bearer {token}")
+
+        assert bearer(made["carol"])[0] == 200
+        status, _, body = bearer(made["bob"])
+        assert status == 403 and json.loads(body)["error"] == "user 'bob' may not read stream://sensors"
+        forged = made["carol"][:-4] + "AAAA"
+        for bad in (forged, "gwt_nope", "not-a-token", ""):
+            status, headers, body = bearer(bad)
+            assert status == 401 and json.loads(body)["error"] == "bad user name or password", bad
+        assert main(["token", tokens, "--list"]) == 0
+        listed = capsys.readouterr().out.split()
+        assert listed[1::2] == ["carol", "bob", "alice"]
+        assert main(["token", tokens, "--revoke", listed[0]]) == 0
+        # alice leaves the users file: her token goes with her.
+        write_lines(config.auth.users_file, [f"{n}:{PasswordHash.make(p.encode(), CHEAP)}" for n, p in PASSWORDS.items() if n != "alice"])
+        assert bearer(made["carol"])[0] == 200  # read when the broker starts and on SIGHUP only
+        handle.inspect(handle.gateway.reload)  # what the CLI's SIGHUP handler calls
+        assert bearer(made["carol"])[0] == 401
+        assert bearer(made["alice"])[0] == 401
+        assert bearer(made["bob"])[0] == 403
+        # A damaged tokens file is refused on reload; the tokens read before stay.
+        with open(tokens, "a") as f:
+            f.write("garbage line\n")
+        handle.inspect(handle.gateway.reload)
+        assert bearer(made["bob"])[0] == 403
+    finally:
+        handle.stop()
+    assert main(["token", tokens, "--revoke", "zzzzzzzz"]) == 1
+    assert "no token 'zzzzzzzz'" in capsys.readouterr().err
+
+
+def test_the_spark_client_with_a_token(broker, tmp_path):
+    from spark.errors import OptionError
+    from spark.options import parse_write_options
+
+    url = f"http://127.0.0.1:{broker.admin_port}"
+    assert parse_write_options({"url": url, "token": "gwt_abcdefgh_x"}).authorization == "Bearer gwt_abcdefgh_x"
+    with pytest.raises(OptionError, match="replaces user and password"):
+        parse_write_options({"url": url, "token": "gwt_abcdefgh_x", "user": "carol", "password": "p"})
+    with pytest.raises(OptionError, match="made by `gateway token"):
+        parse_write_options({"url": url, "token": "s3cret"})
+
+
+def test_a_client_certificate_logs_in_on_admin_https(tmp_path):
+    """On the admin TLS port a verified certificate (CN dev1) is its user; Basic credentials still win when given."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from tests.support import make_certificates
+
+    certs = make_certificates(tmp_path / "tls")
+    config = auth_config(tmp_path)
+    write_lines(config.auth.users_file, [f"{n}:{PasswordHash.make(p.encode(), CHEAP)}" for n, p in {**PASSWORDS, "dev1": "x"}.items()])
+    config.auth.rules.append(Rule.parse("user:dev1", "allow", ["read"], ["stream://orders"]))
+    config.tls.cert, config.tls.key, config.tls.ca = certs["server"], certs["server-key"], certs["ca"]
+    handle = BrokerHandle(config)
+
+    def get(path, client=None, authorization=None):
+        ctx = ssl.create_default_context(cafile=certs["ca"])
+        if client:
+            ctx.load_cert_chain(certs[client], certs[f"{client}-key"])
+        request = urllib.request.Request(f"https://127.0.0.1:{handle.admin_tls_port}{path}")
+        if authorization:
+            request.add_header("Authorization", authorization)
+        try:
+            with urllib.request.urlopen(request, context=ctx, timeout=10) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    try:
+        assert get("/api/v1/streams/orders", "client")[0] == 200
+        status, body = get("/api/v1/streams/sensors", "client")
+        assert status == 403 and body["error"] == "user 'dev1' may not read stream://sensors"
+        assert get("/api/v1/streams/orders")[0] == 401  # no certificate, no credentials
+        basic = "Basic " + base64.b64encode(f"carol:{PASSWORDS['carol']}".encode()).decode()
+        assert get("/api/v1/streams/sensors", "client", basic)[0] == 200  # carol, not dev1
+        assert get("/api/v1/streams/orders", "client", basic)[0] == 403
+        # The plain port has no certificate to go by.
+        assert call(handle, "GET", "/api/v1/streams/orders")[0] == 401
+    finally:
+        handle.stop()

@@ -19,7 +19,7 @@ from gateway.auth.users import Cost, PasswordHash, write_lines
 from tests.support import BrokerHandle, Collector, MqttCollector, disconnect, make_config, mqtt_close
 
 CHEAP = Cost(ln=10)  # the format and the flow; the production cost is tested in tests/unit/test_users.py
-PASSWORDS = {"dev1": "d1-secret", "dev2": "d2-secret", "ops": "o-secret"}
+PASSWORDS = {"dev1": "d1-secret", "dev2": "d2-secret", "ops": "o-secret", "keeper": "k-secret"}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,8 @@ def broker(tmp_path_factory: Any):
         Rule.parse("group:devices", "allow", ["read"], ["topic://commands.{username}.>"]),
         Rule.parse("user:ops", "allow", ["read", "write"], ["topic://>", "queue://>", "temp-queue://>"]),
         Rule.parse("user:ops", "deny", ["write"], ["queue://frozen"]),
+        # Dead letters: reading queue://> is not enough, the DLQ needs admin on it too.
+        Rule.parse("user:keeper", "allow", ["read", "admin"], ["queue://DLQ"]),
     ]
     handle = BrokerHandle(config)
     # A message stored before any refusal: it must survive all of them.
@@ -60,14 +62,27 @@ def still_serving(broker: BrokerHandle):
     assert broker.queue_bodies("queue://kept") == [b"stored before"]
 
 
-def stomp_login(user: str, password: str | None = None, handle: BrokerHandle | None = None) -> tuple[Any, Collector]:
+def stomp_login(
+    user: str, password: str | None = None, handle: BrokerHandle | None = None, client_id: str | None = None,
+) -> tuple[Any, Collector]:
     h = handle or _handle
     assert h is not None
     conn = stomp.Connection12([(h.host, h.port)])
     got = Collector()
     conn.set_listener("c", got)
-    conn.connect(user, PASSWORDS.get(user, "x") if password is None else password, wait=True)
+    headers = {"client-id": client_id} if client_id else {}
+    conn.connect(user, PASSWORDS.get(user, "x") if password is None else password, wait=True, headers=headers)
     return conn, got
+
+
+def connack(codes: list[Any]) -> list[Any]:
+    """The CONNACK codes paho saw within 5 s (``codes`` filled by its on_connect)."""
+    import time
+
+    deadline = time.monotonic() + 5
+    while not codes and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return codes
 
 
 def stomp_refused(broker: BrokerHandle, user: str, password: str) -> Any:
@@ -353,3 +368,115 @@ def test_a_temporary_queue_is_consumed_by_its_owner_only(broker):
     (error,) = other_got.wait_for(1, what="errors")
     assert "only the connection that created a temporary queue can consume from it" in error.body
     disconnect(owner)
+
+
+def test_a_durable_subscription_is_its_users_alone(broker):
+    """Another user with the same client-id may neither attach to nor remove it; its owner resumes it."""
+    dev, dev_got = stomp_login("dev1", client_id="shared-id")
+    dev.subscribe("/topic/commands.dev1.>", id="d", headers={"activemq.subscriptionName": "cmds"}, receipt="s")
+    dev_got.wait_for(1, what="receipts")
+    disconnect(dev)
+    ops, ops_got = stomp_login("ops", client_id="shared-id")
+    ops.send("/topic/commands.dev1.reboot", "while away", receipt="sent")
+    ops_got.wait_for(1, what="receipts")
+    ops.subscribe("/topic/commands.dev1.>", id="o", headers={"activemq.subscriptionName": "cmds"}, receipt="r")
+    (error,) = ops_got.wait_for(1, what="errors")
+    assert "durable subscription 'cmds' of client 'shared-id' is another user's" in error.body
+    assert ops_got.messages == []
+    ops, ops_got = stomp_login("ops", client_id="shared-id")
+    ops.unsubscribe(id="x", headers={"activemq.subscriptionName": "cmds"}, receipt="u")
+    assert "is another user's" in ops_got.wait_for(1, what="errors")[0].body
+    dev, dev_got = stomp_login("dev1", client_id="shared-id")
+    dev.subscribe("/topic/commands.dev1.>", id="d", headers={"activemq.subscriptionName": "cmds"})
+    assert [m.body for m in dev_got.wait_for(1)] == ["while away"]
+    dev.unsubscribe(id="d", headers={"activemq.subscriptionName": "cmds"}, receipt="gone")
+    dev_got.wait_for(1, what="receipts")
+    disconnect(dev)
+    assert broker.inspect(broker.broker.durable, "shared-id:cmds") is None
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_mqtt_session_is_its_users_alone(broker, version):
+    """Another user's CONNECT with the client id is refused (5.0 0x85, 3.1.1 code 2); the owner is not cut off."""
+    dev, got = paho_login(broker, f"device-{version}", version, "dev1")
+    dev.subscribe("commands/dev1/#", qos=1)
+    got.wait_for(1, what="subacks")
+    client, codes = paho(broker, f"device-{version}", version, "ops", PASSWORDS["ops"])
+    connack(codes)
+    client.loop_stop()
+    client.disconnect()
+    # paho names 3.1.1's return code 2 (identifier rejected) as 5.0's 0x85, as it does 4 and 5 above.
+    assert [str(c) for c in codes] == ["Client identifier not valid"] and codes[0].value == 0x85
+    ops, ops_got = stomp_login("ops")
+    ops.send("/topic/commands.dev1.ping", "still yours", receipt="r")
+    ops_got.wait_for(1, what="receipts")
+    assert [m.payload for m in got.wait_for(1)] == [b"still yours"]
+    disconnect(ops)
+    mqtt_close(dev)
+
+
+def test_the_dead_letter_queue_needs_admin(broker):
+    """ops reads queue://>, but not the DLQ; keeper, with admin on it, does; nobody forges dead letters."""
+    ops, got = stomp_login("ops")
+    ops.subscribe("/queue/DLQ", id="d", receipt="r")
+    (error,) = got.wait_for(1, what="errors")
+    assert error.headers["message"] == "Access denied" and "read access to /queue/DLQ is not allowed" in error.body
+    ops, got = stomp_login("ops")
+    ops.send("/queue/DLQ", "forged", receipt="w")
+    assert got.wait_for(1, what="errors")[0].headers["message"] == "Access denied"
+    assert broker.queue_depth("queue://DLQ") == 0
+    keeper, kept = stomp_login("keeper")
+    keeper.subscribe("/queue/DLQ", id="k", receipt="ok")
+    assert kept.wait_for(1, what="receipts") and kept.errors == []
+    disconnect(keeper)
+
+
+def test_owners_of_durable_subscriptions_and_sessions_survive_a_restart(tmp_path):
+    import time
+
+    users = tmp_path / "users"
+    write_lines(str(users), [f"{n}:{PasswordHash.make(PASSWORDS[n].encode(), CHEAP)}" for n in ("dev1", "ops")])
+    config = make_config(tmp_path)
+    config.auth.users_file = str(users)
+    config.auth.rules = [Rule.parse("*", "allow", ["read", "write"], ["topic://>"])]
+    handle = BrokerHandle(config)
+    try:
+        conn, got = stomp_login("dev1", handle=handle, client_id="c1")
+        conn.subscribe("/topic/t", id="1", headers={"activemq.subscriptionName": "s"}, receipt="r")
+        got.wait_for(1, what="receipts")
+        disconnect(conn)
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="m1", protocol=mqtt.MQTTv5)
+        client.username_pw_set("dev1", PASSWORDS["dev1"])
+        from paho.mqtt.properties import Properties
+        from paho.mqtt.packettypes import PacketTypes
+
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        client.connect(handle.host, handle.mqtt_port, 30, clean_start=False, properties=props)
+        client.loop_start()
+        deadline = time.monotonic() + 5
+        while not client.is_connected() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        mqtt_close(client)
+    finally:
+        handle.stop()
+    handle = BrokerHandle(config)
+    try:
+        conn, got = stomp_login("ops", handle=handle, client_id="c1")
+        conn.subscribe("/topic/t", id="1", headers={"activemq.subscriptionName": "s"}, receipt="r")
+        assert "is another user's" in got.wait_for(1, what="errors")[0].body
+        client, codes = paho(handle, "m1", 5, "ops", PASSWORDS["ops"])
+        connack(codes)
+        client.loop_stop()
+        assert [c.value for c in codes] == [0x85]
+        # Their owner gets both back.
+        conn, got = stomp_login("dev1", handle=handle, client_id="c1")
+        conn.subscribe("/topic/t", id="1", headers={"activemq.subscriptionName": "s"}, receipt="r")
+        assert got.wait_for(1, what="receipts") and got.errors == []
+        disconnect(conn)
+        client, codes = paho(handle, "m1", 5, "dev1", PASSWORDS["dev1"])
+        connack(codes)
+        assert [c.value for c in codes] == [0]
+        mqtt_close(client)
+    finally:
+        handle.stop()

@@ -329,25 +329,27 @@ def _old_tls_context(certs, newest: ssl.TLSVersion) -> ssl.SSLContext | None:
 
 
 def test_tls_1_1_client_is_refused(tls_broker, certs):
+    """On every TLS listener: STOMP, MQTT, wss and admin HTTPS share the one minimum (TLS 1.2)."""
     keep(tls_broker, "kept after TLS 1.1")
-    port = tls_broker.stomp_tls_port
-    old = _old_tls_context(certs, ssl.TLSVersion.TLSv1_1)
-    if old is not None:
-        with pytest.raises(ssl.SSLError) as info:
-            old.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="127.0.0.1")
-        # The broker's alert, not the client's own refusal to offer TLS 1.1.
-        assert "PROTOCOL_VERSION" in str(info.value) or "UNSUPPORTED_PROTOCOL" in str(info.value), info.value
-        # The same client allowed TLS 1.2 gets in: the refusal was about the version.
-        modern = _old_tls_context(certs, ssl.TLSVersion.TLSv1_2)
-        assert modern is not None
-        with modern.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="127.0.0.1") as ok:
-            assert ok.version() == "TLSv1.2"
-    else:
-        result = subprocess.run(
-            ["openssl", "s_client", "-tls1_1", "-connect", f"127.0.0.1:{port}", "-CAfile", certs["ca"]],
-            input=b"", capture_output=True, timeout=30,
-        )
-        assert result.returncode != 0 and b"Protocol  : TLSv1.1" not in result.stdout
+    for listener in ("stomp_tls_port", "mqtt_tls_port", "ws_tls_port", "admin_tls_port"):
+        port = getattr(tls_broker, listener)
+        old = _old_tls_context(certs, ssl.TLSVersion.TLSv1_1)
+        if old is not None:
+            with pytest.raises(ssl.SSLError) as info:
+                old.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="127.0.0.1")
+            # The broker's alert, not the client's own refusal to offer TLS 1.1.
+            assert "PROTOCOL_VERSION" in str(info.value) or "UNSUPPORTED_PROTOCOL" in str(info.value), (listener, info.value)
+            # The same client allowed TLS 1.2 gets in: the refusal was about the version.
+            modern = _old_tls_context(certs, ssl.TLSVersion.TLSv1_2)
+            assert modern is not None
+            with modern.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="127.0.0.1") as ok:
+                assert ok.version() == "TLSv1.2", listener
+        else:
+            result = subprocess.run(
+                ["openssl", "s_client", "-tls1_1", "-connect", f"127.0.0.1:{port}", "-CAfile", certs["ca"]],
+                input=b"", capture_output=True, timeout=30,
+            )
+            assert result.returncode != 0 and b"Protocol  : TLSv1.1" not in result.stdout, listener
     still_serving(tls_broker, certs, "kept after TLS 1.1")
 
 

@@ -158,3 +158,21 @@ def test_covers_and_overlaps_agree_with_brute_force():
     for p in FILTERS:
         for n in UNIVERSE[:40]:
             assert covers(p, n) == filter_matches(p, n)
+
+
+def test_dead_letter_queues_need_admin_besides_the_permission():
+    from core.access import DeadLetterAccess
+    from core.policy import Policy
+
+    rules = Rules([
+        rule("user:alice", ["read", "write"], ["queue://>"]),
+        rule("user:bob", ["read", "admin"], ["queue://DLQ", "queue://DLQ.>"]),
+    ])
+    access = DeadLetterAccess(rules, Policy().is_dead_letter_queue)
+    assert access.allowed(alice, READ, "queue://orders")
+    for dlq in ("queue://DLQ", "queue://DLQ.orders"):
+        assert rules.allowed(alice, READ, dlq)  # the rules alone would let alice in
+        assert not access.allowed(alice, READ, dlq) and not access.allowed(alice, WRITE, dlq)
+        assert access.allowed(bob, READ, dlq) and access.allowed(bob, ADMIN, dlq)
+        assert not access.allowed(bob, WRITE, dlq)  # admin adds nothing the rules do not allow
+    assert not access.allowed(bob, READ, "queue://orders")

@@ -56,6 +56,8 @@ def test_an_absolute_users_file_stays(tmp_path):
     ("[auth]\nusers = 'x'\n", r"unknown setting \[auth\] users"),
     ("[auth]\nallow_anonymous = 'yes'\n", "allow_anonymous must be true or false"),
     ("[auth]\nusers_file = 3\n", "users_file must be a path"),
+    ("[auth]\ntokens_file = 'tokens'\n", "tokens_file needs a users_file"),
+    ("[auth]\nusers_file = 'u'\ntokens_file = []\n", "tokens_file must be a path"),
     ("[auth.groups]\nd = 'dev1'\n", r"\[auth.groups\] d must be a list"),
     ("[[auth.rules]]\nwho = '*'\npermissions = ['execute']\ndestinations = ['queue://a']\n", r"#1: unknown permission 'execute'"),
     ("[[auth.rules]]\nwho = 'bob'\npermissions = ['read']\ndestinations = ['queue://a']\n", "who must be"),
@@ -101,7 +103,7 @@ def test_no_users_beyond_loopback_is_refused():
 
 
 def test_what_a_gateway_builds(tmp_path):
-    from core.access import AllowAll
+    from core.access import AllowAll, DeadLetterAccess
     from gateway.auth.authenticator import PasswordAuthenticator
     from gateway.auth.security import Security
     from gateway.auth.users import UsersFileError
@@ -117,5 +119,6 @@ def test_what_a_gateway_builds(tmp_path):
     (tmp_path / "users").write_text("")
     config.auth.users_file = str(tmp_path / "users")
     built = Security(config, reactor())
-    assert isinstance(built.authenticator, PasswordAuthenticator) and isinstance(built.access, Rules)
+    assert isinstance(built.authenticator, PasswordAuthenticator) and isinstance(built.access, DeadLetterAccess)
+    assert isinstance(built.access.access, Rules)  # the rules, behind the DLQ's admin check
     assert not built.authenticator.allow_anonymous
