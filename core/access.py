@@ -277,3 +277,26 @@ class DeadLetterAccess:
         if permission is Permission.ADMIN or not self.is_dead_letter_queue(destination):
             return True
         return self.access.allowed(principal, Permission.ADMIN, destination, client_id)
+
+
+class CreationAccess:
+    """A queue that does not exist yet is created only by a principal with ``admin`` on it.
+
+    As in ActiveMQ (admin to auto-create) and RabbitMQ (configure to declare):
+    ``write`` lets a producer fill the queues an operator meant, not
+    conjure new ones by typo or on purpose; each stays in the store until
+    deleted.  Topics are not created, streams are configured, temporary
+    queues belong to their connection; so only ``queue://`` is asked.
+    ``exists`` is set once the broker is built (its queue table).
+    """
+
+    def __init__(self, access: Access, exists: Callable[[str], bool] | None = None) -> None:
+        self.access = access
+        self.exists: Callable[[str], bool] = exists or (lambda destination: True)
+
+    def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
+        if not self.access.allowed(principal, permission, destination, client_id):
+            return False
+        if permission is Permission.ADMIN or not destination.startswith("queue://") or self.exists(destination):
+            return True
+        return self.access.allowed(principal, Permission.ADMIN, destination, client_id)

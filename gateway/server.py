@@ -116,6 +116,8 @@ class Gateway:
             store, self.reactor, config.policy, name=config.name, spill=self.spill,
             defer=self._soon, streams=config.streams,
         )
+        if self.security is not None and self.security.creation is not None:
+            self.security.creation.exists = self.broker.queues.__contains__
         # One user store and one set of rules for every listener, plain and TLS.
         self.mqtt_hub = MqttHub(self.broker, config.mqtt_settings, self.authenticator, self.access)
         # One set of connection limits for every listener: the budgets are the process's.

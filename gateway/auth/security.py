@@ -5,7 +5,7 @@ import os
 
 from twisted.logger import Logger
 
-from core.access import Access, AllowAll, DeadLetterAccess, Rules
+from core.access import Access, AllowAll, CreationAccess, DeadLetterAccess, Rules
 from gateway.auth.audit import AuditedAccess, AuditLog, LoginBackoff
 from gateway.auth.authenticator import PasswordAuthenticator
 from gateway.auth.settings import exposure_refusal
@@ -68,7 +68,10 @@ class Security:
                 log.warn("{path} can be read by other users of this machine: chmod 600 it", path=settings.users_file)
         restricted = bool(settings.users_file or settings.rules or settings.allow_anonymous is False)
         self.access: Access = Rules(settings.rules) if restricted else AllowAll()
+        # Set by the gateway once the broker exists: whether a queue does (creating one needs admin).
+        self.creation: CreationAccess | None = None
         if restricted:
+            self.access = self.creation = CreationAccess(self.access)
             self.access = DeadLetterAccess(self.access, config.policy.is_dead_letter_queue)
         if restricted and settings.audit_log:
             self.access = AuditedAccess(self.access, self.audit)
@@ -106,7 +109,7 @@ class Security:
 
     def _rules(self) -> Rules | None:
         access = self.access
-        while isinstance(access, (AuditedAccess, DeadLetterAccess)):
+        while isinstance(access, (AuditedAccess, DeadLetterAccess, CreationAccess)):
             access = access.access
         return access if isinstance(access, Rules) else None
 

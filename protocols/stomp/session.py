@@ -446,7 +446,10 @@ class StompSession:
                 "[{label}] {user} may not {what} {d}", label=self.label, user=self.principal.name or "anonymous",
                 what=permission.value, d=destination,
             )
-            raise StompError("Access denied", f"{permission.value} access to {name} is not allowed for this user")
+            why = f"{permission.value} access to {name} is not allowed for this user"
+            if destination.startswith("queue://") and self.broker.queue(destination, create=False) is None:
+                why += " (the queue does not exist yet, and creating it needs admin on it)"
+            raise StompError("Access denied", why)
 
     def _on_send(self, live: Connected, frame: Frame) -> None:
         h = frame.headers

@@ -37,6 +37,11 @@ def broker(tmp_path_factory: Any):
         Rule.parse("group:devices", "allow", ["read"], ["topic://commands.{username}.>"]),
         Rule.parse("user:ops", "allow", ["read", "write"], ["topic://>", "queue://>", "temp-queue://>"]),
         Rule.parse("user:ops", "deny", ["write"], ["queue://frozen"]),
+        # Queues: ops also creates them (admin), except dead-letter queues.
+        Rule.parse("user:ops", "allow", ["admin"], ["queue://>"]),
+        Rule.parse("user:ops", "deny", ["admin"], ["queue://DLQ", "queue://DLQ.>"]),
+        # dev2 may write to the jobs queue an operator made, not make others.
+        Rule.parse("user:dev2", "allow", ["write"], ["queue://jobs.>"]),
         # Dead letters: reading queue://> is not enough, the DLQ needs admin on it too.
         Rule.parse("user:keeper", "allow", ["read", "admin"], ["queue://DLQ"]),
     ]
@@ -480,3 +485,21 @@ def test_owners_of_durable_subscriptions_and_sessions_survive_a_restart(tmp_path
         mqtt_close(client)
     finally:
         handle.stop()
+
+
+def test_creating_a_queue_needs_admin(broker):
+    """dev2 may write to queue://jobs.>: to a queue that exists, not to a new one it would create."""
+    ops, ops_got = stomp_login("ops")
+    ops.send("/queue/jobs.made", "made by ops", receipt="m")  # ops has admin: the queue now exists
+    ops_got.wait_for(1, what="receipts")
+    dev, got = stomp_login("dev2")
+    dev.send("/queue/jobs.made", "into an existing queue", receipt="ok")
+    assert got.wait_for(1, what="receipts") and got.errors == []
+    dev.send("/queue/jobs.typo", "would create", receipt="no")
+    (error,) = got.wait_for(1, what="errors")
+    assert error.headers["message"] == "Access denied" and error.headers["receipt-id"] == "no"
+    assert error.body == ("write access to /queue/jobs.typo is not allowed for this user "
+                          "(the queue does not exist yet, and creating it needs admin on it)")
+    assert broker.inspect(broker.broker.queue, "queue://jobs.typo", False) is None
+    assert broker.queue_bodies("queue://jobs.made") == [b"made by ops", b"into an existing queue"]
+    disconnect(ops)

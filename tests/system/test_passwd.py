@@ -85,7 +85,7 @@ def test_sighup_reloads_users_groups_and_rules_without_dropping_clients(tmp_path
 
     def rules(*queues: str) -> str:
         return (
-            '[auth]\nusers_file = "users"\n[[auth.rules]]\nwho = "user:ops"\npermissions = ["read", "write"]\n'
+            '[auth]\nusers_file = "users"\n[[auth.rules]]\nwho = "user:ops"\npermissions = ["read", "write", "admin"]\n'
             f"destinations = {list(queues)!r}\n".replace("'", '"')
         )
 

@@ -176,3 +176,20 @@ def test_dead_letter_queues_need_admin_besides_the_permission():
         assert access.allowed(bob, READ, dlq) and access.allowed(bob, ADMIN, dlq)
         assert not access.allowed(bob, WRITE, dlq)  # admin adds nothing the rules do not allow
     assert not access.allowed(bob, READ, "queue://orders")
+
+
+def test_creating_a_queue_needs_admin():
+    from core.access import CreationAccess
+
+    rules = Rules([
+        rule("user:alice", ["read", "write"], ["queue://>", "topic://>"]),
+        rule("user:bob", ["read", "write", "admin"], ["queue://>"]),
+    ])
+    existing = {"queue://orders"}
+    access = CreationAccess(rules, existing.__contains__)
+    assert access.allowed(alice, WRITE, "queue://orders") and access.allowed(alice, READ, "queue://orders")
+    assert not access.allowed(alice, WRITE, "queue://typo") and not access.allowed(alice, READ, "queue://typo")
+    assert access.allowed(alice, WRITE, "topic://anything")  # topics are not created
+    assert access.allowed(bob, WRITE, "queue://typo")
+    existing.add("queue://typo")
+    assert access.allowed(alice, WRITE, "queue://typo")

@@ -103,7 +103,7 @@ def test_no_users_beyond_loopback_is_refused():
 
 
 def test_what_a_gateway_builds(tmp_path):
-    from core.access import AllowAll, DeadLetterAccess
+    from core.access import AllowAll, CreationAccess, DeadLetterAccess
     from gateway.auth.authenticator import PasswordAuthenticator
     from gateway.auth.security import Security
     from gateway.auth.users import UsersFileError
@@ -120,5 +120,6 @@ def test_what_a_gateway_builds(tmp_path):
     config.auth.users_file = str(tmp_path / "users")
     built = Security(config, reactor())
     assert isinstance(built.authenticator, PasswordAuthenticator) and isinstance(built.access, DeadLetterAccess)
-    assert isinstance(built.access.access, Rules)  # the rules, behind the DLQ's admin check
+    # The rules, behind the DLQ's and queue creation's admin checks.
+    assert isinstance(built.access.access, CreationAccess) and isinstance(built.access.access.access, Rules)
     assert not built.authenticator.allow_anonymous
