@@ -349,7 +349,7 @@ class MqttSession:
         client, present = self.hub.attach(self, client_id, packet.clean_start, expiry)
         self.label = f"{self.remote} {client_id}"
         self.will = packet.will
-        live = self.live = Connected(client, conn, Outbox(self.broker.turn_end, conn.when_durable, self._write))
+        live = self.live = Connected(client, conn, Outbox(self.broker.turn_end, self.broker.when_durable, self._write))
         self.phase = Phase.CONNECTED
         keep_alive = packet.keep_alive
         server_keep_alive = None

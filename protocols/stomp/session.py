@@ -116,7 +116,7 @@ class Connected:
     (or be written) against a connection that is not there.
     """
 
-    __slots__ = ("conn", "outbox", "subs", "subs_by_no", "sub_no", "names")
+    __slots__ = ("conn", "outbox", "subs", "subs_by_no", "sub_no", "names", "sends")
 
     def __init__(self, conn: Connection, outbox: Outbox) -> None:
         self.conn = conn
@@ -125,6 +125,8 @@ class Connected:
         self.subs_by_no: dict[int, _Sub] = {}
         self.sub_no = 0
         self.names: dict[str, str] = {}  # STOMP destination -> canonical, for repeated SENDs
+        # A SEND's destination header -> where it goes (several for a composite), checked once.
+        self.sends: dict[str, tuple[str, ...]] = {}
 
 
 class StompSession:
@@ -176,10 +178,6 @@ class StompSession:
         """CONNECT's credentials are being checked (a method: handlers change the phase under mypy's narrowing)."""
         return self.phase is Phase.AUTHENTICATING
 
-    def _ended(self) -> bool:
-        """Nothing more is read: closed, or DISCONNECT seen."""
-        return self.phase is Phase.CLOSED or self.phase is Phase.DISCONNECTING
-
     @property
     def conn(self) -> Connection | None:
         """The core connection, once connected (for operators' views and tests)."""
@@ -196,7 +194,8 @@ class StompSession:
         if self.phase is Phase.AUTHENTICATING:
             self._waiting.append(data)  # reading is paused; this was already on its way
             return
-        if self._ended():
+        phase = self.phase  # a local: mypy narrows it, not the attribute the handlers change
+        if phase is Phase.CLOSED or phase is Phase.DISCONNECTING:  # nothing more is read
             return
         self._last_read = self._now()
         while True:
@@ -211,7 +210,8 @@ class StompSession:
                 self._fail(exc.message, exc.detail, exc.headers.get("receipt"))
                 return
             for frame in frames:
-                if self._ended():
+                phase = self.phase
+                if phase is Phase.CLOSED or phase is Phase.DISCONNECTING:
                     return
                 self._handle(frame)
             # The decoder pauses after CONNECT so the rest is read with the negotiated
@@ -338,7 +338,7 @@ class StompSession:
             conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote, user=self.principal.name)
         except UserLimit as exc:
             raise StompError("Connection refused", str(exc)) from None
-        self.live = Connected(conn, Outbox(self.broker.turn_end, conn.when_durable, self._write))
+        self.live = Connected(conn, Outbox(self.broker.turn_end, self.broker.when_durable, self._write))
         self.phase = Phase.CONNECTED
         self.label = f"{conn.id} {client_id or '-'}"
         out = [("version", version), ("server", SERVER_NAME), ("session", conn.id)]
@@ -428,15 +428,26 @@ class StompSession:
             f"no queue or stream {name!r}: /amq/queue/{name} names an existing one (as in RabbitMQ); /queue/{name} creates it"
         )
 
-    def _send_destinations(self, live: Connected, frame: Frame) -> tuple[str, ...] | list[str]:
-        """Where a SEND goes: one destination, or each of a composite (``/queue/a,/topic/b``)."""
+    def _send_destinations(self, live: Connected, frame: Frame) -> tuple[str, ...]:
+        """Where a SEND goes: one destination, or each of a composite (``/queue/a,/topic/b``).
+
+        Remembered per header value (``live.sends``), so a repeated SEND pays
+        one dict lookup in ``_on_send``; temporary queues and ``/amq/queue/``
+        names are resolved every time, as in ``_destination``.
+        """
         name = frame.headers.get("destination")
         if name is not None and "," in name:
-            every = names.to_canonical_all(name, live.conn.temp_queue, self._existing_queue)
+            every = tuple(names.to_canonical_all(name, live.conn.temp_queue, self._existing_queue))
             for destination in every:
                 self.broker.check_destination(destination)  # all or none: refused before any is sent
-            return every
-        return (self._destination(live, frame),)
+        else:
+            every = (self._destination(live, frame),)
+        assert name is not None  # _destination refused a SEND without one
+        if "/temp-queue/" not in name and "/amq/queue/" not in name:
+            if len(live.sends) >= 1000:
+                live.sends.clear()
+            live.sends[name] = every
+        return every
 
     def _allow(self, live: Connected, permission: Permission, destination: str, frame: Frame) -> None:
         """Refuse with an ERROR naming the destination (the receipt-id is added by _handle) unless allowed."""
@@ -453,7 +464,9 @@ class StompSession:
 
     def _on_send(self, live: Connected, frame: Frame) -> None:
         h = frame.headers
-        destinations = self._send_destinations(live, frame)
+        destinations = live.sends.get(h.get("destination", ""))
+        if destinations is None:
+            destinations = self._send_destinations(live, frame)
         if self._checked:
             for destination in destinations:
                 self._allow(live, Permission.WRITE, destination, frame)
@@ -463,7 +476,7 @@ class StompSession:
         # Most SENDs carry none of these: a dict lookup each, a parse only when present.
         priority = 4 if "priority" not in h else _int_header(h, "priority", 4, 0, 9)
         expiration = 0 if "expires" not in h else _int_header(h, "expires", 0, 0, _INT64_MAX)
-        if "expiration" in h or "x-message-ttl" in h:
+        if "expiration" in h:
             expiration = self._relative_expiry(h, expiration)
         delay = 0 if "AMQ_SCHEDULED_DELAY" not in h else _int_header(h, "AMQ_SCHEDULED_DELAY", 0, 0, _MAX_DELAY_MS)
         group_seq = 0 if "JMSXGroupSeq" not in h else _int_header(h, "JMSXGroupSeq", 0, -1, _INT64_MAX)
@@ -480,6 +493,8 @@ class StompSession:
             raise StompError("Store limit reached", "the broker's store is full; retry once consumers have caught up")
         stored_before = usage.bytes
         custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL} if not h.keys() <= _SEND_CONTROL else {}
+        if custom and "x-message-ttl" in custom:
+            self._relative_expiry(h, expiration)  # refused, saying what to use instead
         transaction = h.get("transaction")
         for destination in destinations:
             # A composite's parts are copies, each with its own id; sent in one
