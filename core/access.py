@@ -52,7 +52,8 @@ WHO_ALL = "*"
 WHO_ANONYMOUS = "anonymous"
 USERNAME = "{username}"
 CLIENT_ID = "{client_id}"
-_KINDS = ("queue", "topic", "temp-queue", "stream")
+# "broker": the admin API's broker-wide resources (broker://connections, broker://metrics).
+_KINDS = ("queue", "topic", "temp-queue", "stream", "broker")
 _ONE, _REST = "*", ">"  # core.destination's wildcards (levels, as in core/trie.py)
 # What a name may not contain to fill one level of a pattern: separators and wildcards of both protocols.
 _NOT_IN_A_LEVEL = frozenset(".*>+#")
@@ -98,7 +99,7 @@ class Rule:
 
 def _check_pattern(pattern: object) -> None:
     if not isinstance(pattern, str) or "://" not in pattern or pattern.split("://", 1)[0] not in _KINDS:
-        raise ValueError(f"{pattern!r} is not a pattern like \"topic://sensors.>\" (queue://, topic://, temp-queue:// or stream://)")
+        raise ValueError(f"{pattern!r} is not a pattern like \"topic://sensors.>\" (queue://, topic://, temp-queue://, stream:// or broker://)")
     levels = pattern.split("://", 1)[1].split(".")
     if levels == [""]:
         raise ValueError(f"{pattern!r}: empty name")

@@ -53,15 +53,30 @@ SEQ_BLOCK = 10_000
 
 # key: a virtual topic's consumer queue -> b"" (it exists even while empty, as in ActiveMQ)
 CONSUMER_QUEUE_KIND = "consumer-queue"
+# key: a queue an operator created (admin API) -> b"": it exists, empty or not, until deleted
+DECLARED_QUEUE_KIND = "declared-queue"
 # The header a consumer queue's copy of a virtual topic message names its topic in
 # (the same one a dead letter names its queue in).
 ORIGINAL_DESTINATION = "originalDestination"
+# Why a dead letter is one (ActiveMQ's header); a replay from the DLQ strips both.
+DEAD_LETTER_CAUSE = "dlqDeliveryFailureCause"
 
 
 class Clock(Protocol):
     def seconds(self) -> float: ...
 
     def callLater(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> Any: ...
+
+
+class SessionKeeper(Protocol):
+    """A protocol's persistent sessions (MQTT's), which an operator may end: the protocol
+    registers itself (``Broker.sessions``), so the core ends them without importing it."""
+
+    def session_live(self, client_id: str) -> bool:
+        """Whether a client is connected to its session now."""
+
+    def end_session(self, client_id: str) -> bool:
+        """End a session that is not live: its subscriptions, queued messages and state go; False if none."""
 
 
 class Broker:
@@ -104,6 +119,8 @@ class Broker:
         self._sweeper: Any = None
         self.messages_received = 0
         self.messages_sent = 0
+        # protocol ("stomp/1.2", "mqtt/5", "http") -> [messages in, messages out] of closed connections
+        self.closed_traffic: dict[str, list[int]] = {}
         self._marks: set[MessageQueue] = set()
         self._checked: set[str] = set()  # destinations that passed validate()
         self.started_at = 0.0
@@ -114,6 +131,8 @@ class Broker:
 
             self.streams = StreamSet(list(streams), store, self.now_ms)
         self._retention: Any = None
+        # Protocol name -> its persistent sessions, for operators (registered by the protocol).
+        self.sessions: dict[str, SessionKeeper] = {}
 
     # -- lifecycle ------------------------------------------------------
 
@@ -204,6 +223,11 @@ class Broker:
 
     def forget_connection(self, connection: Connection) -> None:
         """A connection has closed: it is no longer counted or found by its client id."""
+        if connection.messages_in or connection.messages_out:
+            # Its traffic stays in the per-protocol totals (metrics) once it is gone.
+            done = self.closed_traffic.setdefault(connection.protocol, [0, 0])
+            done[0] += connection.messages_in
+            done[1] += connection.messages_out
         if self.connections.pop(connection.id, None) is not None and connection.user is not None:
             left = self._by_user.get(connection.user, 0) - 1
             if left > 0:
@@ -256,6 +280,16 @@ class Broker:
         self.queues[name] = queue
         return queue
 
+    def declare_queue(self, name: str) -> tuple[MessageQueue, bool]:
+        """An operator creates a queue (ActiveMQ's console "Create"): recorded, so it is there
+        after a restart while still empty; whether it was new."""
+        queue = self.queues.get(name)
+        if queue is not None:
+            return queue, False
+        queue = self._create_queue(name)
+        self.store.put_record(DECLARED_QUEUE_KIND, name, b"")
+        return queue, True
+
     def delete_queue(self, name: str) -> int:
         """Remove a queue and what it holds (a virtual topic stops copying to it); how many messages went.
 
@@ -270,8 +304,10 @@ class Broker:
         del self.queues[name]
         if self.virtual.remove(queue):
             self.store.delete_record(CONSUMER_QUEUE_KIND, name)
+        self.store.delete_record(DECLARED_QUEUE_KIND, name)
         self._marks.discard(queue)
         self.store.delete_record(DELIVERED_KIND, name)
+        self.store.forget_destination(name)  # not found again, empty, at the next start
         return purged
 
     def create_temp_queue(self, owner: "Connection", name: str) -> str:
@@ -345,6 +381,26 @@ class Broker:
             return
         if queue is None:
             queue = self.queue(destination)
+        queue.enqueue(Entry(message, self.next_seq()))
+
+    def reroute(self, message: Message, append: bool = False) -> None:
+        """Route a message again, as an operator moves or replays it: no duplicate check
+        (its ``_AMQ_DUPL_ID`` was seen when it first came), not counted as received.
+
+        ``append``: the streams fed by its new destination record it (a move
+        brings it there for the first time; a replay returns it where it was recorded).
+        """
+        destination = message.destination
+        if append and self.streams.active:
+            self.streams.append(message)
+        if destination.startswith("topic://"):
+            self._publish(message)
+            if destination.startswith(self._virtual_prefix):
+                self._copy_to_consumer_queues(message)
+            return
+        queue = self.queues.get(destination) if destination.startswith("temp-queue://") else self.queue(destination)
+        if queue is None:
+            raise UnknownDestination(f"temporary queue {destination} does not exist (its owner has gone)")
         queue.enqueue(Entry(message, self.next_seq()))
 
     def _publish(self, message: Message) -> None:
@@ -482,6 +538,7 @@ class Broker:
             queue.push_front(retry)
 
     def expired(self, queue: MessageQueue, entry: Entry) -> None:
+        queue.expired += 1
         if self.policy.expired_to_dlq and (queue.storage is not None or queue.name.startswith("queue://")):
             self.dead_letter(queue, entry, "message expired")
         else:
@@ -497,13 +554,14 @@ class Broker:
 
     def dead_letter(self, queue: MessageQueue, entry: Entry, reason: str) -> None:
         queue.settle(entry)
+        queue.dead_lettered += 1
         message = entry.message
         if self.is_dead_letter_queue(queue.name):
             log.warn("dropping {id} from dead-letter queue {q}: {why}", id=message.id, q=queue.name, why=reason)
             return
         headers = dict(message.headers)
         headers[ORIGINAL_DESTINATION] = message.destination
-        headers["dlqDeliveryFailureCause"] = reason
+        headers[DEAD_LETTER_CAUSE] = reason
         copy = message.copy(destination=self.dead_letter_queue_for(message.destination), headers=headers, expiration=0)
         self.queue(copy.destination).enqueue(Entry(copy, self.next_seq()))
 
@@ -678,6 +736,9 @@ class Broker:
                 store.delete_record(CONSUMER_QUEUE_KIND, name)  # not a consumer queue under this policy
             elif name not in self.queues:
                 self._create_queue(name, recorded=True)
+        for name, _ in store.iter_records(DECLARED_QUEUE_KIND):
+            if name not in self.queues:
+                self._create_queue(name, recorded=True)
         # Stored topic messages are only listed here; a durable subscriber's entry reads
         # its message below, unless it stays paged in the store.
         topic_stored: set[tuple[str, int]] = set()
@@ -690,17 +751,18 @@ class Broker:
             queue = self.queue(destination)
             mark = marks.get(destination, 0)
             queue.restore_mark(mark)
-            usage = self.store_usage
+            storage = queue.storage
+            count = storage.restored if isinstance(storage, QueueStorage) else self.store_usage.add
             for seq, data in store.iter_messages(destination):
                 max_seq = max(max_seq, seq)
                 if queue.over_memory():
                     queue.restore_paged(seq)  # stays in the store, not decoded
-                    usage.add(len(data))
+                    count(len(data))
                     continue
                 # Handed out before the restart and never acked: flag it redelivered.
                 entry = Entry(decode_message(data), seq, redeliveries=1 if seq <= mark else 0)
                 queue.restore(entry)
-                usage.add(stored_size(entry))
+                count(stored_size(entry))
         referenced: set[tuple[str, int]] = set()
         for key, raw in store.iter_records(DURABLE_REF_KIND):
             queue_key, seq_text = key.rsplit("\0", 1)

@@ -112,6 +112,14 @@ class Connection:
         self.feeds: dict[Consumer, "StreamFeed"] = {}
         self.closed = False
         self._consumer_ids = itertools.count(1)
+        # For operators (admin API, metrics): when it connected, and messages it sent and was given,
+        # counted with one int increment where the core already handles each one.
+        self.since_ms = broker.now_ms()
+        self.messages_in = 0
+        self.messages_out = 0  # counted by its consumers (core.consumer.Consumer.deliver)
+        # How its session ends it when an operator asks, telling the client the reason
+        # (STOMP ERROR, MQTT 5 DISCONNECT 0x98); set by the session, which the core cannot import.
+        self.closer: Callable[[str], None] | None = None
 
     @property
     def identity(self) -> str:
@@ -129,6 +137,7 @@ class Connection:
         if message.destination.startswith("temp-queue://") and self.broker.temp_queue_owner(message.destination) is None:
             raise UnknownDestination(f"temporary queue {message.destination} does not exist (its owner has gone)")
         message.origin = self.identity
+        self.messages_in += 1
         if transaction is not None:
             self._transaction(transaction).sends.append((message, delay_ms))
         else:
@@ -361,6 +370,17 @@ class Connection:
         self.writable = True
         for consumer in list(self.consumers.values()):
             consumer.queue.dispatch()
+
+    def close_for(self, reason: str) -> bool:
+        """An operator closes this connection: its session tells the client ``reason`` and closes.
+
+        False when no session can (it is closing already, or it registered no closer).
+        """
+        closer = self.closer
+        if closer is None or self.closed:
+            return False
+        closer(reason)
+        return True
 
     def close(self) -> None:
         if self.closed:

@@ -21,6 +21,7 @@ class Owner(Protocol):
 
     writable: bool
     id: str
+    messages_out: int  # deliveries to it, for operators
 
 
 # sink(consumer, entry, tag): the session turns a delivery into a frame.  A true
@@ -77,6 +78,7 @@ class Consumer:
     def deliver(self, entry: "Entry") -> None:
         """Hand an entry to the session (the queue counted it as sent)."""
         queue = self.queue
+        self.owner.messages_out += 1
         if entry.stored:
             queue.note_delivered(entry)
         tag = self.next_tag

@@ -175,6 +175,10 @@ class MessageQueue:
         self.groups: dict[str, Consumer] = {}
         self.enqueued = 0
         self.dequeued = 0
+        # Of the dequeued: entries that expired here, and that the broker gave up on (dead
+        # letters, expired ones moved to the DLQ included); counted by the broker, off the hot path.
+        self.expired = 0
+        self.dead_lettered = 0
         # Overrides the policy's max_redeliveries for this queue (-1: never dead-letter);
         # MQTT session queues use it, since a reconnect is not a failed delivery there.
         self.max_redeliveries = max_redeliveries
@@ -566,6 +570,44 @@ class MessageQueue:
         for entry in removed:
             self.pending.taken(entry)
         return removed
+
+    def paged_entries(self, start_seq: int = 0) -> Iterator[tuple[Entry, bool]]:
+        """Entries beyond memory (store and spill store), from ``start_seq`` on, in sequence
+        order, read one by one: (entry, whether it waits in the spill store).
+
+        For operators (browse, purge, move): a deep queue is looked at a page at
+        a time, never loaded.  Reads see written batches only: flush both stores first.
+        """
+        if not self.paged:
+            return
+        start = max(start_seq, self.page_from)
+        mark = self.delivered_mark
+        sources: list[Iterator[tuple[Entry, bool]]] = []
+        if self.storage is not None:
+            sources.append(
+                (Entry(message, seq, redeliveries=1 if seq <= mark else 0, stored=True), False)
+                for seq, message in self.storage.page(start)
+            )
+        spill = self.host.spill
+        if self.spilled and spill is not None:
+            sources.append(
+                (Entry(decode_message(data), seq), True) for seq, data in spill.iter_messages(self.name, start)
+            )
+        yield from heapq.merge(*sources, key=lambda item: item[0].seq)
+
+    def remove_paged(self, entry: Entry, spilled: bool) -> None:
+        """Drop an entry that waits beyond memory (from ``paged_entries``): an operator's purge or move."""
+        if spilled:
+            spill = self.host.spill
+            if spill is not None:
+                spill.delete_message(self.name, entry.seq)
+            self.spilled = max(0, self.spilled - 1)
+            self.dequeued += 1
+        else:
+            self.settle(entry)
+        self.paged = max(0, self.paged - 1)
+        if not self.paged:
+            self.spilled = 0
 
     def purge(self) -> int:
         entries = self.pending.clear()

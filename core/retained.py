@@ -131,15 +131,38 @@ class RetainedMessages:
         self.expiring.pop(name, None)
         self.store.delete_record(RETAINED_KIND, name)
 
+    def _buckets(self, filter_levels: tuple[str, ...]) -> list[dict[str, int]]:
+        """The index buckets a filter can match in: its first level's, or all but ``$`` ones for a wildcard."""
+        first = filter_levels[0]
+        if first in ("*", ">"):
+            return [b for level, b in self.index.items() if not level.startswith("$")]
+        bucket = self.index.get(first)
+        return [] if bucket is None else [bucket]
+
+    def topics(self, destination: str) -> list[tuple[str, int]]:
+        """(canonical name, stored bytes) of the retained topics a filter matches, sorted by name,
+        from the index alone (nothing read from the store): what an operator lists."""
+        filter_levels = topic_levels(name_of(destination))
+        buckets = self._buckets(filter_levels)
+        now = self.now_ms()
+        found = []
+        for bucket in buckets:
+            for name, size in bucket.items():
+                expiration = self.expiring.get(name)
+                if (expiration is None or expiration > now) and filter_matches(filter_levels, topic_levels(name)):
+                    found.append((name, size))
+        found.sort()
+        return found
+
+    def holds(self, name: str) -> bool:
+        """Whether a topic (canonical name, without the scheme) has a retained message."""
+        bucket = self.index.get(name.split(".", 1)[0])
+        return bucket is not None and name in bucket
+
     def matching(self, destination: str) -> list[Message]:
         """Retained messages of every topic a filter matches, read from the store."""
         filter_levels = topic_levels(name_of(destination))
-        first = filter_levels[0]
-        if first in ("*", ">"):
-            buckets = [b for level, b in self.index.items() if not level.startswith("$")]
-        else:
-            bucket = self.index.get(first)
-            buckets = [] if bucket is None else [bucket]
+        buckets = self._buckets(filter_levels)
         now = self.now_ms()
         names = []
         wildcard = any(level in ("*", ">") for level in filter_levels)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Literal, cast, overload
 
@@ -39,6 +40,7 @@ from rocksdict import (
 )
 from twisted.logger import Logger
 
+from persistence.stats import BATCH_OPS_BOUNDS, WRITE_SECONDS_BOUNDS, Buckets
 from persistence.store import Store, StoreError
 
 log = Logger(namespace="gateway.persistence")
@@ -142,6 +144,9 @@ class RocksStore(Store):
         self._flushing = False
         self._closed = False
         self.batches_written = 0
+        # Group commit as operators graph it: operations per batch, seconds per (synced) write.
+        self.batch_ops = Buckets(BATCH_OPS_BOUNDS)
+        self.write_seconds = Buckets(WRITE_SECONDS_BOUNDS)
         self.deletes_since_compaction = 0
 
     # -- keys and families --------------------------------------------------
@@ -299,8 +304,11 @@ class RocksStore(Store):
             self._flushing = False
         if self._ops:
             batch, self._batch = self._batch, WriteBatch(raw_mode=True)
-            self._ops = 0
+            ops, self._ops = self._ops, 0
+            started = time.perf_counter()
             self.db.write(batch, self._write_opt)
+            self.write_seconds.observe(time.perf_counter() - started)
+            self.batch_ops.observe(ops)
             self.batches_written += 1
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
@@ -364,6 +372,22 @@ class RocksStore(Store):
             for prop in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
                 total += cf.property_int_value(prop) or 0
         return total
+
+    def family_sizes(self) -> dict[str, tuple[int, int]]:
+        """Column family -> (bytes in SST files, bytes in memtables): RocksDB's own figures, read at once.
+
+        For operators' graphs; they lag behind deletes until compaction, so the
+        store limit counts bytes itself (core.storage.StoreUsage).
+        """
+        self._check()
+        sizes: dict[str, tuple[int, int]] = {}
+        for name in self._families:
+            cf = self.db.get_column_family(name)
+            sizes[name] = (
+                cf.property_int_value("rocksdb.total-sst-files-size") or 0,
+                cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0,
+            )
+        return sizes
 
     def compact(self) -> None:
         """Give the space of deleted ranges back (tombstones are dropped by compaction).

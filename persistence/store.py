@@ -46,6 +46,13 @@ class Store(abc.ABC):
     def destinations(self) -> list[str]:
         """Every destination that has stored messages."""
 
+    def forget_destination(self, destination: str) -> None:
+        """A deleted destination: it need not be listed by ``destinations`` any more.
+
+        Only for stores that index destinations apart from their messages;
+        the messages themselves are deleted one by one before this is called.
+        """
+
     @abc.abstractmethod
     def put_record(self, kind: str, key: str, data: bytes) -> None: ...
 

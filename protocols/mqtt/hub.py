@@ -53,6 +53,8 @@ class MqttHub:
         ]
         # MQTT topic -> canonical destination, so a repeated topic is mapped once.
         self.destinations: dict[str, str] = {}
+        # Operators end persistent sessions through the core (the admin API imports no protocol).
+        broker.sessions["mqtt"] = self
 
     @staticmethod
     def queue_key(client_id: str) -> str:
@@ -219,6 +221,24 @@ class MqttHub:
             self.broker.send(message)
         except (InvalidTopic, BrokerError) as exc:
             log.warn("will on {topic!r} not published: {why}", topic=will.topic, why=str(exc))
+
+    # -- for operators (core.broker.SessionKeeper) ---------------------------
+
+    def session_live(self, client_id: str) -> bool:
+        client = self.clients.get(client_id)
+        return client is not None and client.live is not None
+
+    def end_session(self, client_id: str) -> bool:
+        """End a kept session (persistent, its client away): what the client asked to keep goes.
+
+        A session that exists only while connected (clean) is never kept, so there is none to end.
+        """
+        client = self.clients.get(client_id)
+        if client is None or not client.durable or client.live is not None:
+            return False
+        log.info("session of {client} ended by an operator", client=client_id)
+        self._end(client)
+        return True
 
     def shutdown(self) -> None:
         for session in list(self.live):

@@ -346,6 +346,7 @@ class MqttSession:
         except UserLimit as exc:
             self._refuse(ConnackReturnCode.SERVER_UNAVAILABLE, ReasonCode.QUOTA_EXCEEDED, str(exc))
             return
+        conn.closer = self.close_by_admin
         client, present = self.hub.attach(self, client_id, packet.clean_start, expiry)
         self.label = f"{self.remote} {client_id}"
         self.will = packet.will
@@ -919,6 +920,12 @@ class MqttSession:
         if not self.closed:
             self.close_reason = "shutdown"
             self._server_disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "the broker is shutting down")
+
+    def close_by_admin(self, reason: str) -> None:
+        """An operator closed this connection (admin API): 5.0 DISCONNECT 0x98 with the reason; 3.x a close."""
+        if not self.closed:
+            self.close_reason = "admin"
+            self._server_disconnect(ReasonCode.ADMINISTRATIVE_ACTION, reason)
 
     def take_over(self) -> None:
         """Another connection claims this client id (MQTT-3.1.4-3)."""

@@ -338,6 +338,7 @@ class StompSession:
             conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote, user=self.principal.name)
         except UserLimit as exc:
             raise StompError("Connection refused", str(exc)) from None
+        conn.closer = self.close_by_admin
         self.live = Connected(conn, Outbox(self.broker.turn_end, self.broker.when_durable, self._write))
         self.phase = Phase.CONNECTED
         self.label = f"{conn.id} {client_id or '-'}"
@@ -753,6 +754,12 @@ class StompSession:
             self.live.outbox.submit()  # frames gathered before the error go out before it
         self._write(encode_frame("ERROR", headers, body, version=self.version))
         self._close()
+
+    def close_by_admin(self, reason: str) -> None:
+        """An operator closed this connection (admin API): an ERROR with the reason, then the close."""
+        if not self.closed:
+            self.close_reason = "admin"
+            self._fail(reason, "the connection was closed by an administrator")
 
     def shutdown(self, reason: str = "Broker shutting down") -> None:
         """The broker is stopping: tell the client why, then close."""
