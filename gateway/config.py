@@ -86,6 +86,12 @@ class PersistenceConfig:
 class AdminSettings:
     # Bytes a request body may have (a publish of messages); larger requests get 413.
     max_request_size: int = 16 * 1024 * 1024
+    # Queues with series of their own in /metrics, at most (0: none, only the totals).
+    # Past the cap the deepest are shown; every queue is counted in the totals.
+    metrics_max_destinations: int = 1000
+    # The queues that may have series of their own: canonical patterns such as
+    # "queue://orders.>" ([]: every queue).  Still capped, deepest first.
+    metrics_destinations: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -286,6 +292,7 @@ def validate(config: Config) -> None:
         raise ConfigError("[broker] partial_frame_memory and partial_frame_timeout must be positive")
     if config.admin_settings.max_request_size <= 0:
         raise ConfigError("[admin] max_request_size must be positive")
+    _validate_metrics(config.admin_settings)
     _validate_streams(config.streams)
     if config.policy.duplicate_cache_size < 0:
         raise ConfigError("[policy] duplicate_cache_size must be 0 (off) or more")
@@ -299,6 +306,17 @@ def validate(config: Config) -> None:
         raise ConfigError("[policy] store_full_policy must be block or fail")
     if not config.policy.dead_letter_queue.startswith("queue://"):
         raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")
+
+
+def _validate_metrics(settings: AdminSettings) -> None:
+    if settings.metrics_max_destinations < 0:
+        raise ConfigError("[admin] metrics_max_destinations must be 0 (no per-queue series) or more")
+    for pattern in settings.metrics_destinations:
+        if not isinstance(pattern, str) or not pattern.startswith("queue://") or not pattern[len("queue://"):]:
+            raise ConfigError(f"[admin] metrics_destinations: {pattern!r} is not a queue pattern like \"queue://orders.>\"")
+        levels = pattern[len("queue://"):].split(".")
+        if any(level == "" for level in levels) or ">" in levels[:-1]:
+            raise ConfigError(f"[admin] metrics_destinations: {pattern!r}: empty level, or '>' before the last level")
 
 
 _TLS_SECTIONS = {"stomp": "stomp", "mqtt": "mqtt", "ws": "websocket", "admin": "admin"}

@@ -7,12 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 
 from core.access import Access, AllowAll
 from core.broker import Broker
 from core.sysinfo import SysPublisher
-from gateway.admin import admin_site
+from gateway.admin import admin_site, standby_site
 from gateway.admin.auth import BasicGuard
 from gateway.admin.http import AdminSite
 from gateway.auth.security import Security, check_exposure
@@ -74,6 +75,8 @@ class Gateway:
         self.factories: dict[str, Any] = {}
         self.sys: SysPublisher | None = None
         self.admin: AdminSite | None = None
+        # The admin listener of a standby waiting for the store lock (health and readiness only).
+        self._standby: AdminSite | None = None
         self.guard = ConnectionGuard()
         self.ports: dict[str, ListeningPort] = {}
         self.tls: ServerTls | None = None
@@ -137,6 +140,7 @@ class Gateway:
                 self.authenticator, self.access, self.security.audit if self.security else None,
                 self.security.passwords.authenticate_token if self.security and self.security.passwords else None,
             ),
+            settings=config.admin_settings, logins=self.security.passwords if self.security else None,
         )
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
         self._housekeeping: DelayedCall | None = None
@@ -207,12 +211,19 @@ class Gateway:
         publisher.start()
         if self.config.persistence.compaction_interval > 0:
             self._housekeeping = self.reactor.callLater(self.config.persistence.compaction_interval, self._housekeep)
+        standby = self._standby
+        if standby is not None:
+            # A standby taking over: its admin listener answers with the master's routes from now on.
+            standby.resource, standby.max_request_size = site.resource, site.max_request_size
+            site = self.admin = standby
+            self._standby = None
         for name, factory in [*self.factories.items(), ("admin", site)]:
             listener = getattr(self.config, name)
             host = listener.host or self.config.host
-            self._listen(name, host, listener.port, factory, ephemeral)
+            if name not in self.ports:  # the admin listener of a standby that took over is up already
+                self._listen(name, host, listener.port, factory, ephemeral)
             tls_port = self.config.tls_port(name)
-            if tls_port and self.tls is not None:
+            if tls_port and self.tls is not None and f"{name}_tls" not in self.ports:
                 # What listenSSL does, through _listen: the same factory behind Twisted's TLS.
                 creator = self.tls.creator(self.config.tls_client_certs(name))
                 self._listen(f"{name}_tls", host, tls_port, tls_factory(creator, factory), ephemeral)
@@ -263,16 +274,20 @@ class Gateway:
     def store_path(self) -> str:
         return os.path.join(self.config.data_dir, "store")
 
-    def start_when_master(self) -> defer.Deferred[Gateway]:
-        """Start, or wait as a standby while another broker holds the store (shared-store HA)."""
+    def start_when_master(self, ephemeral: bool = False) -> defer.Deferred[Gateway]:
+        """Start, or wait as a standby while another broker holds the store (shared-store HA).
+
+        A standby serves health and readiness (503) on its admin listener meanwhile.
+        """
         started: defer.Deferred[Gateway] = defer.Deferred()
 
         def attempt(first: bool) -> None:
             try:
-                self.start()
+                self.start(ephemeral)
             except StoreLocked:
                 if first:
                     log.info("store {path} is locked by another broker: standing by", path=self.store_path)
+                    self._stand_by(ephemeral)
                 self.reactor.callLater(self.config.persistence.lock_retry_interval, attempt, False)
                 return
             except Exception as exc:
@@ -284,6 +299,21 @@ class Gateway:
 
         attempt(True)
         return started
+
+    def _stand_by(self, ephemeral: bool) -> None:
+        """Listen on the admin port(s) with health and readiness only, so probes see a standby, not a dead port."""
+        site = self._standby = standby_site(self.config.admin_settings.max_request_size)
+        listener = self.config.admin
+        host = listener.host or self.config.host
+        try:
+            self._listen("admin", host, listener.port, site, ephemeral)
+            tls_port = self.config.tls_port("admin")
+            if tls_port and self.tls is not None:
+                creator = self.tls.creator(self.config.tls_client_certs("admin"))
+                self._listen("admin_tls", host, tls_port, tls_factory(creator, site), ephemeral)
+        except CannotListenError as exc:
+            # The master may hold the port (both on one machine): stand by without probes then.
+            log.warn("standby: admin listener not started: {error}", error=str(exc))
 
     def _listen(self, name: str, host: str, port: int, factory: Any, ephemeral: bool) -> None:
         if port == 0:

@@ -4,24 +4,57 @@ from __future__ import annotations
 from typing import Any
 
 from core.broker import Broker
+from gateway.admin.actions import QueueActions
+from gateway.admin.connections import ConnectionsAPI
+from gateway.admin.destinations import DestinationsAPI
+from gateway.admin.health import HealthAPI, broker_readiness, standby_router
 from gateway.admin.http import AdminSite, Guard, Router, json_body
+from gateway.admin.metrics import BrokerCollector, LoginCounts, MetricsAPI
+from gateway.admin.overview import OverviewAPI
 from gateway.admin.publish import PublishAPI
+from gateway.admin.session_actions import SessionActions
 from gateway.admin.streams import StreamsAPI
+from gateway.config import AdminSettings
 
-__all__ = ["admin_site"]
+__all__ = ["admin_site", "standby_site"]
+
+# What the index lists (every route under them is in README.rst, Admin HTTP).
+API = [
+    "/api/v1/overview", "/api/v1/queues", "/api/v1/topics", "/api/v1/durable-subscriptions",
+    "/api/v1/mqtt-sessions", "/api/v1/streams", "/api/v1/connections", "/api/v1/messages",
+    "/api/v1/health", "/api/v1/ready", "/metrics", "/api/v1/dlq/replay", "/api/v1/retained",
+]
 
 
-def admin_site(broker: Broker, max_request_size: int, version: str, guard: Guard | None = None) -> AdminSite:
-    """``guard`` authenticates every request (gateway/admin/auth.py); None: no authentication, everything allowed."""
+def admin_site(
+    broker: Broker, max_request_size: int, version: str, guard: Guard | None = None, *,
+    settings: AdminSettings | None = None, logins: LoginCounts | None = None,
+) -> AdminSite:
+    """``guard`` authenticates every request (gateway/admin/auth.py); None: no authentication, everything allowed.
+
+    ``logins``: the authenticator's counts of refused logins, for /metrics (None: no users configured).
+    """
+    settings = settings or AdminSettings(max_request_size=max_request_size)
     router = Router(guard)
     StreamsAPI(broker).install(router)
     PublishAPI(broker).install(router)
+    DestinationsAPI(broker).install(router)
+    ConnectionsAPI(broker).install(router)
+    OverviewAPI(broker, version).install(router)
+    # Operators' actions (purge, move, DLQ replay...): each noted in the audit log when there is one.
+    audit = getattr(getattr(guard, "audit", None), "write", None)
+    QueueActions(broker, audit).install(router)
+    SessionActions(broker, audit).install(router)
+    HealthAPI("master", broker_readiness(broker)).install(router)
+    MetricsAPI(BrokerCollector(
+        broker, version, settings.metrics_max_destinations, settings.metrics_destinations, logins,
+    )).install(router)
 
     def index(request: Any) -> Any:
         # Any principal the guard let through: the index names the API, no destination.
         return json_body(200, {
             "broker": broker.name, "version": version,
-            "api": ["/api/v1/streams", "/api/v1/messages"],
+            "api": API,
             # Producers' resends the broker dropped (_AMQ_DUPL_ID), and ids it remembers now.
             "duplicates": {"dropped": broker.duplicates.dropped, "remembered": len(broker.duplicates)},
         })
@@ -30,4 +63,15 @@ def admin_site(broker: Broker, max_request_size: int, version: str, guard: Guard
     router.add("/", get=index)
     site = AdminSite(router, max_request_size)
     site.noisy = False  # no log line per connection: Spark connects for every fetch
+    return site
+
+
+def standby_site(max_request_size: int) -> AdminSite:
+    """The admin listener of a standby waiting for the store lock: health and readiness (503) only.
+
+    When the broker takes over, the master's routes replace these on the same
+    listener (``AdminSite.resource``), so probes never see the port go away.
+    """
+    site = AdminSite(standby_router(), max_request_size)
+    site.noisy = False
     return site

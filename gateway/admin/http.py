@@ -65,6 +65,15 @@ class Grant:
 
 # The admin listener without [auth]: everything, as the loopback default allows.
 OPEN = Grant(ANONYMOUS, AllowAll())
+
+
+class _Nothing:
+    def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
+        return False
+
+
+# A public route's request (health checks from load balancers): no credentials asked, and no permission.
+PUBLIC = Grant(ANONYMOUS, _Nothing())
 REALM = 'Basic realm="gateway", charset="UTF-8"'
 
 
@@ -135,12 +144,17 @@ class Router(Resource):
     def __init__(self, guard: Guard | None = None) -> None:
         super().__init__()
         self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+        self._public: list[re.Pattern[str]] = []
         self.guard = guard
+        # What answers a path no route matches (None: 404); a standby answers 503 instead.
+        self.fallback: Handler | None = None
 
     def render(self, request: server.Request) -> Any:
         """Authenticate (at once, or after the password check), then route."""
         if self.guard is None:
             return self._route(request, OPEN)
+        if self._public and self._is_public(request):
+            return self._route(request, PUBLIC)
         now: list[Grant | HttpError] = []
         waiting = False
 
@@ -163,9 +177,23 @@ class Router(Resource):
             return self._finish(request, error_body(outcome))
         return self._route(request, outcome)
 
-    def add(self, pattern: str, **methods: Handler) -> None:
-        regex = "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$"
-        self._routes.append((re.compile(regex), {m.upper(): h for m, h in methods.items()}))
+    def add(self, pattern: str, *, public: bool = False, **methods: Handler) -> None:
+        """``public``: answered without credentials even when users are configured (health checks)."""
+        regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$")
+        handlers = {m.upper(): h for m, h in methods.items()}
+        for known, existing in self._routes:
+            if known.pattern == regex.pattern:
+                # Two APIs share a path (a listing's GET, an action's DELETE): one route, every method.
+                existing.update(handlers)
+                break
+        else:
+            self._routes.append((regex, handlers))
+        if public:
+            self._public.append(regex)
+
+    def _is_public(self, request: server.Request) -> bool:
+        path = request.path.decode("utf-8", "replace")
+        return any(regex.match(path) for regex in self._public)
 
     def _route(self, request: server.Request, grant: Grant) -> Any:
         if isinstance(request, BoundedRequest):
@@ -200,6 +228,11 @@ class Router(Resource):
                 )
                 return server.NOT_DONE_YET
             return self._finish(request, result)
+        if self.fallback is not None:
+            try:
+                return self._finish(request, self.fallback(request))
+            except HttpError as exc:
+                return self._finish(request, error_body(exc))
         return self._finish(request, error_body(HttpError(404, f"no such resource: {path}", "not_found")))
 
     def _failed(self, request: server.Request, failure: Any, method: str, path: str) -> None:

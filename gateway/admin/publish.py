@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,7 +164,12 @@ class PublishAPI:
             raise HttpError(415, f"Content-Type must be {ARROW_STREAM} or application/x-ndjson, got {content_type or 'none'!r}", "unsupported_media_type")
         for i, row in enumerate(rows):
             require(request, Permission.WRITE, row.destination, f"row {i}")
-        messages = [self._message(row, f"row {i}") for i, row in enumerate(rows)]
+        messages = [self.message(row, f"row {i}") for i, row in enumerate(rows)]
+        return self.send(messages, request, _accepted)
+
+    def send(self, messages: list[Message], request: server.Request, answer: Callable[[int, int], Answer]) -> Any:
+        """Route checked messages, holding them while the store is full (its policy); ``answer``
+        (sent, duplicates dropped) once what they stored is on disk.  The console's send uses it too."""
         broker = self.broker
         usage = broker.store_usage
         if usage.full and any(m.persistent for m in messages):
@@ -174,13 +180,14 @@ class PublishAPI:
             def route() -> None:
                 # Run by the store's space waiters: a refusal (a destination gone
                 # meanwhile) must answer this request, not escape into the waiter loop.
-                defer.maybeDeferred(self._route, messages, request).chainDeferred(waiting)
+                defer.maybeDeferred(self._route, messages, request, answer).chainDeferred(waiting)
 
             usage.when_space(route)
             return waiting
-        return self._route(messages, request)
+        return self._route(messages, request, answer)
 
-    def _message(self, row: Row, where: str) -> Message:
+    def message(self, row: Row, where: str) -> Message:
+        """The message a row asks for, its fields from the headers that name them (``where``: for errors)."""
         broker = self.broker
         try:
             broker.check_destination(row.destination)
@@ -214,7 +221,9 @@ class PublishAPI:
             persistent=row.persistent, timestamp=broker.now_ms(), **fields,
         )
 
-    def _route(self, messages: list[Message], request: server.Request) -> defer.Deferred[Answer]:
+    def _route(
+        self, messages: list[Message], request: server.Request, answer: Callable[[int, int], Answer],
+    ) -> defer.Deferred[Answer]:
         broker = self.broker
         remote = request.getClientAddress()
         conn = broker.connect(None, protocol="http", remote=f"{getattr(remote, 'host', '?')}:{getattr(remote, 'port', '?')}")
@@ -231,5 +240,9 @@ class PublishAPI:
             conn.close()
         duplicates = broker.duplicates.dropped - before
         done: defer.Deferred[Answer] = defer.Deferred()
-        broker.when_durable(lambda: done.callback(json_body(200, {"accepted": sent - duplicates, "duplicates": duplicates})))
+        broker.when_durable(lambda: done.callback(answer(sent, duplicates)))
         return done
+
+
+def _accepted(sent: int, duplicates: int) -> Answer:
+    return json_body(200, {"accepted": sent - duplicates, "duplicates": duplicates})

@@ -64,6 +64,9 @@ class PasswordAuthenticator:
         self._verified: dict[str, tuple[bytes, float]] = {}  # name -> (HMAC of the password, expiry)
         self._principals: dict[str, Principal] = {}
         self.tokens = Tokens({})
+        # Refusals since start, for /metrics: bad credentials, and logins refused while their address is banned.
+        self.failed_logins = 0
+        self.refused_logins = 0
 
     def start(self) -> None:
         self.pool.start()
@@ -95,11 +98,13 @@ class PasswordAuthenticator:
             wait = backoff.banned(host, now)
             if wait:
                 self.audit.write("login_refused", reason="address banned", address=remote, protocol=protocol)
+                self.refused_logins += 1
                 return None, BANNED.format(seconds=max(wait, 1))
         user = self.tokens.user_of(token)
         if user is not None and user in self.users:
             return self.principal(user), ""
         self.audit.write("login_failed", reason="bad token", address=remote, protocol=protocol)
+        self.failed_logins += 1
         if backoff is not None and backoff.failed(host, now):
             self.audit.write("address_banned", address=host)
         return None, REFUSED
@@ -122,12 +127,14 @@ class PasswordAuthenticator:
             wait = backoff.banned(host, self.reactor.seconds())
             if wait:
                 self.audit.write("login_refused", reason="address banned", **fields)
+                self.refused_logins += 1
                 answer(None, BANNED.format(seconds=max(wait, 1)))
                 return
 
         def answered(principal: Principal | None, why: str) -> None:
             if principal is None and why == REFUSED:
                 self.audit.write("login_failed", **fields)
+                self.failed_logins += 1
                 if backoff is not None and backoff.failed(host, self.reactor.seconds()):
                     log.warn("{host}: {n} failed logins in {w:.0f} s: refused for a while", host=host, n=backoff.limit, w=backoff.window)
                     self.audit.write("address_banned", address=host)

@@ -1,0 +1,63 @@
+"""``/api/v1/overview``: the broker at a glance, for a console's front page.
+
+Totals only, as counters a client turns into rates by comparing two answers
+(messages/s in and out): O(queues + connections), no per-message work.
+Needs ``admin`` on ``broker://overview`` once users are configured.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.web import server
+
+from core.access import Permission
+from core.broker import Broker
+from gateway.admin.destinations import QUEUE_PREFIX
+from gateway.admin.http import Router, json_body, require
+from gateway.admin.metrics import protocol_family
+
+RESOURCE = "broker://overview"
+
+
+class OverviewAPI:
+    def __init__(self, broker: Broker, version: str) -> None:
+        self.broker = broker
+        self.version = version
+
+    def install(self, router: Router) -> None:
+        router.add("/api/v1/overview", get=self.overview)
+
+    def overview(self, request: server.Request) -> Any:
+        require(request, Permission.ADMIN, RESOURCE)
+        broker = self.broker
+        by_protocol: dict[str, int] = {}
+        received = sent = 0
+        for conn in broker.connections.values():
+            family = protocol_family(conn.protocol)
+            by_protocol[family] = by_protocol.get(family, 0) + 1
+            received += conn.messages_in
+            sent += conn.messages_out
+        for done_in, done_out in broker.closed_traffic.values():
+            received += done_in
+            sent += done_out
+        queues = [q for name, q in broker.queues.items() if name.startswith(QUEUE_PREFIX)]
+        ready = sum(len(q) for q in queues)
+        unacked = sum(q.inflight for q in queues)
+        usage = broker.store_usage
+        return json_body(200, {
+            "broker": broker.name,
+            "version": self.version,
+            "now_ms": broker.now_ms(),
+            "uptime_seconds": round(max(0.0, broker.clock.seconds() - broker.started_at), 3),
+            "connections": {"total": len(broker.connections), "by_protocol": by_protocol},
+            # Since start; two answers give rates.
+            "messages": {"received": received, "sent": sent, "routed": broker.messages_received,
+                         "duplicates_dropped": broker.duplicates.dropped},
+            "queues": {"count": len(queues), "messages": ready + unacked, "ready": ready, "unacknowledged": unacked,
+                       "consumers": sum(len(q.consumers) for q in queues)},
+            "topics": {"subscriptions": broker.subscription_count(), "durable_subscriptions": len(broker.durables),
+                       "retained_messages": len(broker.retained)},
+            "streams": len(broker.streams.streams),
+            "memory": {"pending_bytes": broker.memory.bytes, "limit_bytes": broker.memory.limit},
+            "store": {"usage_bytes": usage.bytes, "limit_bytes": usage.limit, "full": usage.full},
+        })

@@ -1,0 +1,598 @@
+"""Operators' actions over the admin API (gateway/admin/actions.py, session_actions.py), over real HTTP.
+
+State comes from real clients (stomp.py, paho); every action is checked on
+what the broker then does: counts, what a consumer receives next, and what a
+broker restarted on the same data directory has.  One broker serves the
+module where tests can share it (each uses its own queues); restarts and
+users get brokers of their own.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+import urllib.parse
+
+import pytest
+import stomp
+
+from core.access import Rule
+from gateway.auth.users import Cost, PasswordHash, write_lines
+from tests.integration.test_admin_streams import Api
+from tests.support import (
+    BrokerHandle,
+    Collector,
+    connect,
+    disconnect,
+    make_config,
+    mqtt_close,
+    mqtt_connect,
+    sync,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+JSON = "application/json"
+DLQ = "queue://DLQ"
+POLICY = {"max_redeliveries": 1, "queue_memory_limit": 64 * 1024, "redelivery_delay_ms": 0}
+
+
+def configure(tmp_path, **policy):
+    config = make_config(tmp_path, **{**POLICY, **policy})
+    config.admin_settings.max_request_size = 64 * 1024
+    return config
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    handle = BrokerHandle(configure(tmp_path_factory.mktemp("actions")))
+    yield Actions(handle)
+    handle.stop()
+
+
+class Actions(Api):
+    def do(self, method, path, doc=None, raw=None, expect=200):
+        body = raw if raw is not None else (json.dumps(doc).encode() if doc is not None else None)
+        status, headers, data = self.call(method, path, body, JSON if body is not None else None)
+        assert status == expect, (status, data)
+        if status == 204:
+            assert data == b""
+            return None
+        assert headers.get("Content-Type") == "application/json", (status, data)
+        return json.loads(data)
+
+    def browse(self, queue, query=""):
+        return self.do("GET", f"/api/v1/queues/{quote(queue)}/messages?{query}")
+
+
+def quote(name):
+    return urllib.parse.quote(name, safe="")
+
+
+def login(handle, user=None):
+    """A stomp.py connection, as ``user`` when given (the secured broker's)."""
+    if user is None:
+        return connect(handle)
+    conn = stomp.Connection12([(handle.host, handle.port)])
+    got = Collector()
+    conn.set_listener("collector", got)
+    conn.connect(user, PASSWORDS[user], wait=True)
+    return conn, got
+
+
+def send_all(handle, destination, bodies, user=None, **headers):
+    conn, got = login(handle, user)
+    for body in bodies:
+        conn.send(destination, body, headers={"persistent": "true", **headers})
+    sync(conn, got)
+    disconnect(conn)
+
+
+def consume(handle, destination, count, ack="auto", **headers):
+    """What a new consumer gets: ``count`` messages, and nothing more within a short quiet time."""
+    conn, got = connect(handle)
+    conn.subscribe(destination, id="c", ack=ack, headers=headers)
+    got.wait_for(count)
+    messages = got.settle(0.2)
+    if ack != "auto":
+        for m in messages:
+            conn.ack(m.headers["ack"])
+        sync(conn, got)
+    disconnect(conn)
+    return messages
+
+
+def dead_letter(handle, queue, count, user=None, **headers):
+    """Send ``count`` messages to /queue/``queue`` and NACK each past max_redeliveries (1): into the DLQ."""
+    before = handle.queue_depth(DLQ)
+    send_all(handle, f"/queue/{queue}", [f"{queue}-{i}" for i in range(count)], user, **headers)
+    conn, got = login(handle, user)
+    conn.subscribe(f"/queue/{queue}", id="s", ack="client-individual")
+    seen = 0
+    deadline = time.monotonic() + 10
+    while handle.queue_depth(DLQ) < before + count:
+        assert time.monotonic() < deadline, "messages did not reach the DLQ"
+        fresh = got.messages[seen:]
+        for message in fresh:
+            conn.nack(message.headers["ack"])
+        seen += len(fresh)
+        time.sleep(0.005)
+    disconnect(conn)
+
+
+# -- browse ----------------------------------------------------------------------------
+
+
+def test_browse_shows_messages_and_does_not_consume(api):
+    conn, got = connect(api.handle)
+    conn.send("/queue/browse.a", "hello", headers={"persistent": "true", "color": "red", "priority": "7"})
+    conn.send("/queue/browse.a", b"\xff\x00\x01", headers={"persistent": "true", "content-type": "application/octet-stream"})
+    conn.send("/queue/browse.a", "é" * 200)  # 400 bytes: the preview cuts it between characters
+    sync(conn, got)
+    page = api.browse("browse.a", "limit=2")
+    assert page["destination"] == "queue://browse.a" and page["depth"] == 3 and page["in_flight"] == 0
+    first, second = page["messages"]
+    assert first["seq"] < second["seq"] and page["next"] > second["seq"]
+    assert first["body"] == "hello" and first["encoding"] == "utf-8" and not first["truncated"]
+    assert first["headers"]["color"] == "red" and first["priority"] == 7 and first["persistent"] is True
+    assert first["id"].startswith("ID:") and first["size"] == 5 and first["redelivered"] is False
+    assert first["redeliveries"] == 0 and first["expires"] == 0 and first["timestamp"] > 0 and not first["in_flight"]
+    assert second["encoding"] == "base64" and base64.b64decode(second["body"]) == b"\xff\x00\x01"
+    assert second["content_type"] == "application/octet-stream"
+    (third,) = api.browse("browse.a", f"from={page['next']}&preview=5")["messages"]
+    assert third["body"] == "éé" and third["truncated"] and third["size"] == 400 and third["persistent"] is False
+    assert api.browse("browse.a", f"from={page['next']}")["next"] is None
+    # A consumer holding one unacknowledged: browse shows it in flight; then everything is still there.
+    holder, held = connect(api.handle)
+    holder.subscribe("/queue/browse.a", id="h", ack="client-individual", headers={"activemq.prefetchSize": "1"})
+    held.wait_for(1)
+    page = api.browse("browse.a")
+    assert [m["in_flight"] for m in page["messages"]] == [True, False, False] and page["in_flight"] == 1
+    disconnect(holder)
+    received = consume(api.handle, "/queue/browse.a", 3)
+    assert received[0].body == "hello" and len(received) == 3
+
+
+def send_mixed(handle, destination, bodies):
+    """Persistent and non-persistent in turn: past the memory limit the first wait in the store,
+    the others in the spill store."""
+    conn, got = connect(handle)
+    for i, body in enumerate(bodies):
+        conn.send(destination, body, headers={"persistent": "true" if i % 2 else "false", "n": str(i)})
+    sync(conn, got)
+    disconnect(conn)
+
+
+def test_browse_pages_through_messages_paged_out_to_the_store(api):
+    bodies = [f"{i:04d}" + "x" * 2000 for i in range(120)]  # 240 KB: past the 64 KiB queue memory limit
+    send_mixed(api.handle, "/queue/browse.deep", bodies)
+    paged = api.handle.inspect(lambda: (api.handle.broker.queues["queue://browse.deep"].paged,
+                                        api.handle.broker.queues["queue://browse.deep"].spilled))
+    assert paged[0] > 50 and paged[1] > 25
+    shown, start = [], 0
+    while start is not None:
+        page = api.browse("browse.deep", f"from={start}&limit=50&preview=4")
+        shown += [m["body"] for m in page["messages"]]
+        start = page["next"]
+    assert shown == [b[:4] for b in bodies]
+    assert api.handle.queue_depth("queue://browse.deep") == 120
+    assert [m.body[:4] for m in consume(api.handle, "/queue/browse.deep", 120)] == [b[:4] for b in bodies]
+
+
+# -- purge and delete --------------------------------------------------------------------
+
+
+def test_purge_leaves_messages_in_flight(api):
+    send_all(api.handle, "/queue/purge.a", [f"m{i}" for i in range(5)])
+    holder, held = connect(api.handle)
+    holder.subscribe("/queue/purge.a", id="h", ack="client-individual", headers={"activemq.prefetchSize": "2"})
+    held.wait_for(2)
+    assert api.do("POST", "/api/v1/queues/purge.a/purge") == {"destination": "queue://purge.a", "purged": 3}
+    assert api.handle.queue_depth("queue://purge.a") == 0
+    disconnect(holder)  # its two come back, redelivered; nothing else is left
+    received = consume(api.handle, "/queue/purge.a", 2)
+    assert [m.body for m in received] == ["m0", "m1"] and received[0].headers["redelivered"] == "true"
+
+
+def test_purge_of_a_queue_paged_to_the_store(api):
+    send_mixed(api.handle, "/queue/purge.deep", ["y" * 3000] * 100)
+    assert api.do("POST", "/api/v1/queues/purge.deep/purge")["purged"] == 100
+    assert api.handle.inspect(lambda: (len(api.handle.broker.queues["queue://purge.deep"]),
+                                       api.handle.broker.queues["queue://purge.deep"].paged)) == (0, 0)
+    send_all(api.handle, "/queue/purge.deep", ["after"])
+    assert [m.body for m in consume(api.handle, "/queue/purge.deep", 1)] == ["after"]
+
+
+def test_delete_queue_refused_while_it_has_consumers(api):
+    send_all(api.handle, "/queue/delete.a", ["1", "2"])
+    conn, got = connect(api.handle)
+    conn.subscribe("/queue/delete.b", id="c")
+    sync(conn, got)
+    status, _, body = api.call("DELETE", "/api/v1/queues/delete.b")
+    assert status == 409 and json.loads(body)["code"] == "has_consumers"
+    disconnect(conn)
+    assert api.do("DELETE", "/api/v1/queues/delete.a") == {"destination": "queue://delete.a", "deleted": True, "purged": 2}
+    assert api.call("GET", "/api/v1/queues/delete.a/messages")[0] == 404
+    assert api.call("DELETE", "/api/v1/queues/delete.a")[0] == 404
+
+
+# -- send --------------------------------------------------------------------------------
+
+
+def test_send_to_a_queue_and_a_topic(api):
+    answer = api.do("POST", "/api/v1/queues/send.a/messages",
+                    {"body": "from the console", "headers": {"k": "v", "correlation-id": "c1"}, "persistent": True, "priority": 8})
+    assert answer["destination"] == "queue://send.a" and answer["persistent"] and not answer["duplicate"]
+    (message,) = consume(api.handle, "/queue/send.a", 1)
+    assert message.body == "from the console" and message.headers["message-id"] == answer["id"]
+    assert (message.headers["k"], message.headers["correlation-id"], message.headers["priority"]) == ("v", "c1", "8")
+    assert message.headers["persistent"] == "true"
+    mqtt, got = mqtt_connect(api.handle, "send-sub")
+    mqtt.subscribe("send/t", qos=1)
+    got.wait_for(1, what="subacks")
+    answer = api.do("POST", "/api/v1/topics/send.t/messages", {"body_base64": "AP8=", "persistent": False})
+    assert answer["destination"] == "topic://send.t" and answer["persistent"] is False
+    assert got.wait_for(1)[0].payload == b"\x00\xff"
+    mqtt_close(mqtt)
+
+
+# -- move --------------------------------------------------------------------------------
+
+
+def test_get_takes_messages_off_the_queue_in_order(api):
+    """RabbitMQ's "Get messages": what is answered is gone, and a consumer gets the rest."""
+    send_all(api.handle, "/queue/taken", ["first", "second", "third"], kind="x")
+    got = api.do("POST", "/api/v1/queues/taken/get", {"count": 2})
+    assert [m["body"] for m in got["messages"]] == ["first", "second"] and got["depth"] == 1
+    assert got["messages"][0]["headers"]["kind"] == "x" and got["messages"][0]["persistent"] is True
+    assert [m.body for m in consume(api.handle, "/queue/taken", 1)] == ["third"]
+    assert api.do("POST", "/api/v1/queues/taken/get")["messages"] == []  # empty: answered at once
+    assert api.do("POST", "/api/v1/queues/taken/get", {"count": 0}, expect=400)["field"] == "count"
+
+
+def test_move_a_selection_to_another_queue(api):
+    conn, got = connect(api.handle)
+    for i in range(6):
+        conn.send("/queue/move.a", f"m{i}", headers={"persistent": "true", "color": "red" if i % 2 else "blue"})
+    sync(conn, got)
+    disconnect(conn)
+    assert api.do("POST", "/api/v1/queues/move.a/move", {"to": "move.b", "selector": "color = 'red'"}) == {
+        "destination": "queue://move.a", "to": "queue://move.b", "moved": 3}
+    blue = api.browse("move.a")["messages"]
+    assert [m["body"] for m in blue] == ["m0", "m2", "m4"]
+    assert api.do("POST", "/api/v1/queues/move.a/move", {"to": "queue://move.b", "ids": [blue[2]["id"]]})["moved"] == 1
+    assert api.do("POST", "/api/v1/queues/move.a/move", {"to": "move.c", "limit": 1})["moved"] == 1
+    received = consume(api.handle, "/queue/move.b", 4)
+    assert [m.body for m in received] == ["m1", "m3", "m5", "m4"]
+    assert received[3].headers["message-id"] == blue[2]["id"] and received[3].headers["color"] == "blue"
+    assert [m.body for m in consume(api.handle, "/queue/move.c", 1)] == ["m0"]
+    assert [m.body for m in consume(api.handle, "/queue/move.a", 1)] == ["m2"]
+
+
+def test_move_from_a_queue_paged_to_the_store(api):
+    bodies = [f"{i:04d}" + "z" * 3000 for i in range(100)]
+    send_mixed(api.handle, "/queue/move.deep", bodies)
+    assert api.do("POST", "/api/v1/queues/move.deep/move", {"to": "move.deep.odd", "selector": "n LIKE '%1' OR n LIKE '%3'"})["moved"] == 20
+    assert api.do("POST", "/api/v1/queues/move.deep/move", {"to": "move.deep.rest"})["moved"] == 80
+    assert api.handle.inspect(lambda: [(len(q), q.paged, q.spilled) for n, q in api.handle.broker.queues.items()
+                                       if n == "queue://move.deep"]) == [(0, 0, 0)]
+    odd = [m.body[:4] for m in consume(api.handle, "/queue/move.deep.odd", 20)]
+    assert odd == [b[:4] for b in bodies if b[3] in "13"]
+    rest = [m.body[:4] for m in consume(api.handle, "/queue/move.deep.rest", 80)]
+    assert rest == [b[:4] for b in bodies if b[3] not in "13"]
+
+
+# -- DLQ replay --------------------------------------------------------------------------
+
+
+def test_dlq_replay_sends_dead_letters_home_with_a_clean_slate(api):
+    dead_letter(api.handle, "replay.a", 4, kind="order")
+    letters = [m for m in api.browse("DLQ", "limit=1000")["messages"] if m["headers"].get("originalDestination") == "queue://replay.a"]
+    assert len(letters) == 4 and "max_redeliveries=1" in letters[0]["headers"]["dlqDeliveryFailureCause"]
+    one = api.do("POST", "/api/v1/dlq/replay", {"ids": [letters[0]["id"]]})
+    assert one == {"destination": DLQ, "replayed": 1, "skipped": [], "skipped_count": 0}
+    rest = api.do("POST", "/api/v1/queues/DLQ/replay", {"selector": "kind = 'order'"})
+    assert rest["replayed"] == 3
+    received = consume(api.handle, "/queue/replay.a", 4, ack="client-individual")
+    assert sorted(m.body for m in received) == [f"replay.a-{i}" for i in range(4)]
+    for m in received:
+        assert "redelivered" not in m.headers and "originalDestination" not in m.headers
+        assert "dlqDeliveryFailureCause" not in m.headers and m.headers["kind"] == "order"
+    # A message that is no dead letter stays, with the reason.
+    stray = api.do("POST", "/api/v1/queues/DLQ/messages", {"body": "stray"})
+    answer = api.do("POST", "/api/v1/dlq/replay", {"ids": [stray["id"]]})
+    assert answer["replayed"] == 0 and answer["skipped"][0]["id"] == stray["id"]
+    assert "originalDestination" in answer["skipped"][0]["reason"]
+    api.do("POST", "/api/v1/queues/DLQ/purge")
+
+
+def test_dlq_replay_of_a_topic_dead_letter_goes_to_the_topic(api):
+    conn, got = connect(api.handle, client_id="dlq-topic")
+    conn.subscribe("/topic/dlq.t", id="d", ack="client-individual", headers={"activemq.subscriptionName": "s"})
+    sync(conn, got)
+    send_all(api.handle, "/topic/dlq.t", ["t1"])
+    for n in (1, 2):
+        conn.nack(got.wait_for(n)[n - 1].headers["ack"])
+    deadline = time.monotonic() + 5
+    selector = {"selector": "originalDestination = 'topic://dlq.t'"}
+    while api.handle.queue_depth(DLQ) == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert api.do("POST", "/api/v1/dlq/replay", selector)["replayed"] == 1
+    again = got.wait_for(3)[2]
+    assert again.body == "t1" and "originalDestination" not in again.headers and "redelivered" not in again.headers
+    conn.ack(again.headers["ack"])
+    conn.unsubscribe("d", headers={"activemq.subscriptionName": "s"})
+    sync(conn, got)
+    disconnect(conn)
+
+
+def test_dlq_replay_of_many_keeps_the_broker_answering(api):
+    n = 100_000
+
+    def bury():
+        from core.entry import Entry
+        from core.message import Message
+
+        broker = api.handle.broker
+        dlq = broker.queue(DLQ)
+        for i in range(n):
+            message = Message(broker.new_message_id(), DLQ, b"%d" % i, {"originalDestination": "queue://replay.many"},
+                              persistent=True)
+            dlq.enqueue(Entry(message, broker.next_seq()))
+
+    api.handle.inspect(bury)
+    latencies = []
+    done = threading.Event()
+
+    def ping():
+        while not done.is_set():
+            started = time.monotonic()
+            assert api.call("GET", "/api/v1")[0] == 200
+            latencies.append(time.monotonic() - started)
+
+    pinger = threading.Thread(target=ping)
+    pinger.start()
+    try:
+        answer = api.do("POST", "/api/v1/dlq/replay", {"selector": "JMSDestination = 'queue://DLQ'"})
+    finally:
+        done.set()
+        pinger.join()
+    assert answer["replayed"] == n
+    assert api.handle.queue_depth("queue://replay.many") == n and api.handle.queue_depth(DLQ) == 0
+    assert len(latencies) > 3 and max(latencies) < 0.5, latencies
+    assert api.do("POST", "/api/v1/queues/replay.many/purge")["purged"] == n
+
+
+# -- durable subscriptions, MQTT sessions, retained messages ------------------------------------
+
+
+def test_delete_durable_subscription(api):
+    conn, got = connect(api.handle, client_id="dur-1")
+    conn.subscribe("/topic/dur.news", id="d", headers={"activemq.subscriptionName": "s1"})
+    sync(conn, got)
+    status, _, body = api.call("DELETE", "/api/v1/durable-subscriptions/dur-1/s1")
+    assert status == 409 and json.loads(body)["code"] == "subscription_active"
+    disconnect(conn)
+    send_all(api.handle, "/topic/dur.news", ["while away 1", "while away 2"])
+    answer = api.do("DELETE", "/api/v1/durable-subscriptions/dur-1/s1")
+    assert answer == {"key": "dur-1:s1", "destination": "topic://dur.news", "dropped": 2}
+    assert api.call("DELETE", "/api/v1/durable-subscriptions/dur-1/s1")[0] == 404
+    conn, got = connect(api.handle, client_id="dur-1")
+    conn.subscribe("/topic/dur.news", id="d", headers={"activemq.subscriptionName": "s1"})
+    sync(conn, got)
+    assert got.settle(0.2) == []
+    disconnect(conn)
+
+
+def test_delete_mqtt_session(api):
+    client, got = mqtt_connect(api.handle, "sess-1", clean=False)
+    client.subscribe("sess/t", qos=1)
+    got.wait_for(1, what="subacks")
+    status, _, body = api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")
+    assert status == 409 and json.loads(body)["code"] == "session_connected"
+    mqtt_close(client)
+    deadline = time.monotonic() + 5
+    while api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")[0] == 409:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")[0] == 404
+    client, got = mqtt_connect(api.handle, "sess-1", clean=False)
+    assert got.connacks[0][0].session_present is False
+    mqtt_close(client)
+
+
+def test_list_and_clear_retained_messages(api):
+    publisher, _ = mqtt_connect(api.handle, "ret-pub")
+    for topic in ("ret/a", "ret/b", "ret/deep/c"):
+        publisher.publish(topic, topic.encode(), qos=1, retain=True).wait_for_publish()
+    listing = api.do("GET", "/api/v1/retained?filter=" + quote("ret/#"))
+    assert listing["total"] == 3 and listing["filter"] == "topic://ret.>"
+    assert listing["topics"][0] == {"destination": "topic://ret.a", "topic": "ret/a", "bytes": listing["topics"][0]["bytes"]}
+    assert [t["topic"] for t in api.do("GET", "/api/v1/retained?filter=ret/%2B&page_size=1&page=2")["topics"]] == ["ret/b"]
+    assert api.do("DELETE", "/api/v1/retained/" + quote("ret/a"), expect=204) is None
+    assert api.do("DELETE", "/api/v1/retained/topic://ret.b", expect=204) is None
+    assert api.call("DELETE", "/api/v1/retained/ret/a")[0] == 404
+    subscriber, got = mqtt_connect(api.handle, "ret-sub")
+    subscriber.subscribe("ret/#", qos=1)
+    assert [m.payload for m in got.wait_for(1)] == [b"ret/deep/c"]
+    assert len(got.settle(0.2)) == 1
+    mqtt_close(subscriber)
+    mqtt_close(publisher)
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method, path, body, status, code, text", [
+    ("GET", "/api/v1/queues/nowhere/messages", None, 404, "unknown_queue", "no queue queue://nowhere"),
+    ("POST", "/api/v1/queues/nowhere/purge", None, 404, "unknown_queue", "no queue"),
+    ("DELETE", "/api/v1/queues/nowhere", None, 404, "unknown_queue", "no queue"),
+    ("POST", "/api/v1/queues/bad.a/move", b"{not json", 400, "bad_request", "not JSON"),
+    ("POST", "/api/v1/queues/bad.a/move", b"[1]", 400, "bad_request", "JSON object"),
+    ("POST", "/api/v1/queues/bad.a/move", b'{"to": "x", "color": 1}', 400, "bad_request", "unknown field 'color'"),
+    ("POST", "/api/v1/queues/bad.a/move", b'{"ids": []}', 400, "bad_request", "field 'to' is required"),
+    ("POST", "/api/v1/queues/bad.a/move", b'{"to": 7}', 400, "bad_request", "field 'to' must be"),
+    ("POST", "/api/v1/queues/bad.a/move", b'{"to": "bad.a"}', 400, "bad_request", "already"),
+    ("POST", "/api/v1/queues/bad.a/move", b'{"to": "x", "limit": true}', 400, "bad_request", "field 'limit'"),
+    ("POST", "/api/v1/queues/bad.a/move", b'{"to": "x", "ids": "abc"}', 400, "bad_request", "field 'ids'"),
+    ("POST", "/api/v1/queues/bad.a/move", b'{"to": "x", "selector": "a ="}', 400, "bad_request", "field 'selector'"),
+    ("POST", "/api/v1/queues/bad.a/move", b'{"to": "topic://x"}', 400, "bad_request", "not a queue name"),
+    ("POST", "/api/v1/queues/bad.a/replay", None, 400, "bad_request", "not a dead-letter queue"),
+    ("POST", "/api/v1/dlq/replay", b'{"queue": 3}', 400, "bad_request", "field 'queue'"),
+    ("POST", "/api/v1/queues/bad.a/messages", b'{"body": 5}', 400, "bad_request", "field 'body'"),
+    ("POST", "/api/v1/queues/bad.a/messages", b'{"priority": 10}', 400, "bad_request", "field 'priority'"),
+    ("POST", "/api/v1/queues/bad.a/messages", b'{"persistent": "yes"}', 400, "bad_request", "field 'persistent'"),
+    ("POST", "/api/v1/queues/bad.a/messages", b'{"headers": {"a": 1}}', 400, "bad_request", "field 'headers'"),
+    ("POST", "/api/v1/queues/bad.a/messages", b'{"headers": {"expires": "soon"}}', 400, "bad_request", "expires"),
+    ("POST", "/api/v1/queues/bad.a/messages", b'{"body_base64": "%%"}', 400, "bad_request", "body_base64"),
+    ("GET", "/api/v1/queues/bad.a/messages?limit=0", None, 400, "bad_request", "limit must be 1-1000"),
+    ("GET", "/api/v1/queues/bad.a/messages?from=x", None, 400, "bad_request", "from must be an integer"),
+    ("GET", "/api/v1/retained?filter=a/%23/b", None, 400, "bad_request", "parameter filter"),
+    ("DELETE", "/api/v1/retained/a/%2B", None, 400, "bad_request", "filter"),
+    ("DELETE", "/api/v1/durable-subscriptions/nobody/none", None, 404, "unknown_subscription", "nobody:none"),
+    ("DELETE", "/api/v1/mqtt-sessions/nobody", None, 404, "unknown_session", "nobody"),
+    ("GET", "/api/v1/queues/bad.a/purge", None, 405, "method_not_allowed", "use POST"),
+])
+def test_bad_input_gets_a_json_error(api, method, path, body, status, code, text):
+    send_all(api.handle, "/queue/bad.a", ["keep"])
+    got_status, headers, data = api.call(method, path, body, JSON if body is not None else None)
+    assert headers["Content-Type"] == "application/json", data
+    error = json.loads(data)
+    assert (got_status, error["code"]) == (status, code), error
+    assert text in error["error"], error
+    if "field '" in text and error.get("field") is not None:
+        assert error["field"] in text
+
+
+def test_body_over_the_limit_gets_413(api):
+    status, _, data = api.call("POST", "/api/v1/queues/bad.a/messages", json.dumps({"body": "x" * 70_000}).encode(), JSON)
+    assert status == 413 and json.loads(data)["code"] == "request_too_large"
+
+
+# -- users and rules -----------------------------------------------------------------------
+
+
+PASSWORDS = {"alice": "a-secret", "bob": "b-secret", "dora": "d-secret"}
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("secured")
+    users = tmp_path / "users"
+    write_lines(str(users), [f"{name}:{PasswordHash.make(pw.encode(), Cost(ln=10))}" for name, pw in PASSWORDS.items()])
+    config = configure(tmp_path)
+    config.auth.users_file = str(users)
+    config.auth.max_failed_logins = 0  # the 401 checks below are many "failed logins" from one address
+    config.auth.audit_log = str(tmp_path / "audit.log")
+    config.auth.rules = [
+        Rule.parse("user:alice", "allow", ["read", "write", "admin"], ["queue://>", "topic://>", "broker://sessions"]),
+        Rule.parse("user:bob", "allow", ["read", "write"], ["queue://>", "topic://>"]),
+        # dora may replay the DLQ, and send to sec.mine only
+        Rule.parse("user:dora", "allow", ["read", "write", "admin"], ["queue://DLQ", "queue://sec.mine"]),
+    ]
+    handle = BrokerHandle(config)
+    yield Actions(handle)
+    handle.stop()
+
+
+def as_user(api, user, method, path, doc=None):
+    auth = {} if user is None else {"Authorization": "Basic " + base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()}
+    body = json.dumps(doc).encode() if doc is not None else None
+    status, _, data = api.call(method, path, body, JSON if body else None, auth)
+    return status, json.loads(data) if data else None
+
+
+def test_actions_need_admin(secured):
+    assert as_user(secured, "alice", "POST", "/api/v1/queues/sec.a/messages", {"body": "1"})[0] == 200
+    for method, path, doc in [
+        ("GET", "/api/v1/queues/sec.a/messages", None),
+        ("POST", "/api/v1/queues/sec.a/purge", None),
+        ("DELETE", "/api/v1/queues/sec.a", None),
+        ("POST", "/api/v1/queues/sec.a/messages", {"body": "x"}),
+        ("POST", "/api/v1/topics/sec.t/messages", {"body": "x"}),
+        ("POST", "/api/v1/queues/sec.a/move", {"to": "sec.b"}),
+        ("POST", "/api/v1/dlq/replay", None),
+        ("DELETE", "/api/v1/durable-subscriptions/c/s", None),
+        ("DELETE", "/api/v1/mqtt-sessions/c", None),
+        ("DELETE", "/api/v1/retained/a%2Fb", None),
+    ]:
+        assert as_user(secured, None, method, path, doc)[0] == 401, path
+        status, error = as_user(secured, "bob", method, path, doc)
+        assert status == 403 and error["code"] == "forbidden" and "admin" in error["error"], (path, error)
+    # admin on the source but not on the target of a move
+    assert as_user(secured, "alice", "POST", "/api/v1/queues/sec.mine/messages", {"body": "1"})[0] == 200
+    status, error = as_user(secured, "dora", "POST", "/api/v1/queues/sec.mine/move", {"to": "sec.a"})
+    assert status == 403 and error["error"] == "field 'to': user 'dora' may not admin queue://sec.a"
+    assert as_user(secured, "alice", "GET", "/api/v1/queues/sec.a/messages")[1]["depth"] == 1
+    assert as_user(secured, "alice", "POST", "/api/v1/queues/sec.a/purge")[1]["purged"] == 1
+    with open(secured.handle.config.auth.audit_log) as log:
+        audit = [json.loads(line) for line in log]
+    assert {"event": "admin_action", "user": "alice", "action": "purge", "destination": "queue://sec.a", "purged": 1}.items() \
+        <= audit[-1].items()
+    assert as_user(secured, "bob", "GET", "/api/v1/retained")[1]["topics"] == []
+
+
+def test_replay_skips_targets_the_user_may_not_administer(secured):
+    as_user(secured, "alice", "POST", "/api/v1/queues/sec.mine/purge")  # what another test left there
+    dead_letter(secured.handle, "sec.mine", 1, "alice")
+    dead_letter(secured.handle, "sec.other", 1, "alice")
+    status, answer = as_user(secured, "dora", "POST", "/api/v1/dlq/replay")
+    assert status == 200 and answer["replayed"] == 1 and answer["skipped_count"] == 1
+    assert "queue://sec.other" in answer["skipped"][0]["reason"]
+    assert secured.handle.queue_depth("queue://sec.mine") == 1 and secured.handle.queue_depth(DLQ) == 1
+
+
+# -- restart -------------------------------------------------------------------------------
+
+
+def test_actions_hold_across_a_restart(tmp_path):
+    handle = BrokerHandle(configure(tmp_path))
+    api = Actions(handle)
+    send_all(handle, "/queue/r.purged", ["p"] * 3)
+    send_all(handle, "/queue/r.deleted", ["d"] * 2)
+    send_all(handle, "/queue/r.from", ["a", "b", "c"], tag="t")
+    dead_letter(handle, "r.home", 3)
+    conn, got = connect(handle, client_id="r-client")
+    conn.subscribe("/topic/r.news", id="d", headers={"activemq.subscriptionName": "s"})
+    sync(conn, got)
+    disconnect(conn)
+    mqtt, mgot = mqtt_connect(handle, "r-mqtt", clean=False)
+    mqtt.subscribe("r/t", qos=1)
+    mgot.wait_for(1, what="subacks")
+    mqtt.publish("r/retained", b"kept", qos=1, retain=True).wait_for_publish()
+    mqtt.publish("r/cleared", b"gone", qos=1, retain=True).wait_for_publish()
+    mqtt_close(mqtt)
+    send_all(handle, "/topic/r.news", ["held"])
+    assert api.do("POST", "/api/v1/queues/r.purged/purge")["purged"] == 3
+    assert api.do("DELETE", "/api/v1/queues/r.deleted")["purged"] == 2
+    assert api.do("POST", "/api/v1/queues/r.from/move", {"to": "r.to", "limit": 2})["moved"] == 2
+    assert api.do("POST", "/api/v1/dlq/replay", {"limit": 2})["replayed"] == 2
+    assert api.do("DELETE", "/api/v1/durable-subscriptions/r-client/s")["dropped"] == 1
+    deadline = time.monotonic() + 5
+    while api.call("DELETE", "/api/v1/mqtt-sessions/r-mqtt")[0] == 409:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    api.do("DELETE", "/api/v1/retained/r%2Fcleared", expect=204)
+    assert api.do("PUT", "/api/v1/queues/r.created", expect=201) == {"destination": "queue://r.created", "created": True}
+    assert api.do("PUT", "/api/v1/queues/r.created", expect=200)["created"] is False
+    handle.stop()
+
+    handle = BrokerHandle(configure(tmp_path))
+    try:
+        queues = handle.inspect(lambda: {name: len(q) for name, q in handle.broker.queues.items()})
+        assert queues.get("queue://r.purged") == 0 and "queue://r.deleted" not in queues
+        assert queues.get("queue://r.created") == 0  # made by an operator: there while empty
+        assert (queues["queue://r.from"], queues["queue://r.to"], queues[DLQ], queues["queue://r.home"]) == (1, 2, 1, 2)
+        assert handle.inspect(lambda: (handle.broker.durable("r-client:s"), handle.broker.states("mqtt:r-mqtt"))) == (None, [])
+        assert [m.body for m in consume(handle, "/queue/r.to", 2)] == ["a", "b"]
+        home = consume(handle, "/queue/r.home", 2, ack="client-individual")
+        assert all("redelivered" not in m.headers and "originalDestination" not in m.headers for m in home)
+        mqtt, mgot = mqtt_connect(handle, "r-mqtt", clean=False)
+        assert mgot.connacks[0][0].session_present is False
+        mqtt.subscribe("r/#", qos=1)
+        assert [m.payload for m in mgot.wait_for(1)] == [b"kept"] and len(mgot.settle(0.2)) == 1
+        mqtt_close(mqtt)
+    finally:
+        handle.stop()
