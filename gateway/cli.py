@@ -21,6 +21,7 @@ from twisted.logger import (
 from gateway import config as configuration
 from gateway.auth import passwd as passwd_command
 from gateway.auth import tokens as token_command
+from gateway.ops import commands as ops_commands
 from gateway.perf import command as perf_command
 from gateway.twisted_types import installed_reactor
 
@@ -40,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     perf_command.add_parser(commands)
     passwd_command.add_parser(commands)
     token_command.add_parser(commands)
+    ops_commands.add_parsers(commands)
     return parser
 
 
@@ -133,6 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return passwd_command.run(args)
     if args.command == "token":
         return token_command.run(args)
+    if args.command in ops_commands.COMMANDS:
+        return ops_commands.run(args)
     return 2
 
 

@@ -58,6 +58,7 @@ class OverviewAPI:
             "topics": {"subscriptions": broker.subscription_count(), "durable_subscriptions": len(broker.durables),
                        "retained_messages": len(broker.retained)},
             "streams": len(broker.streams.streams),
+            "dead_letter_queue": broker.policy.dead_letter_queue,
             "memory": {"pending_bytes": broker.memory.bytes, "limit_bytes": broker.memory.limit},
             "store": {"usage_bytes": usage.bytes, "limit_bytes": usage.limit, "full": usage.full},
         })
