@@ -31,6 +31,7 @@ class SysPublisher:
     def figures(self) -> dict[str, str]:
         broker = self.broker
         uptime = int(broker.clock.seconds() - broker.started_at)
+        queues = [q for name, q in broker.queues.items() if name.startswith("queue://")]
         return {
             "$SYS.broker.version": self.version,
             "$SYS.broker.uptime": f"{uptime} seconds",
@@ -38,6 +39,12 @@ class SysPublisher:
             "$SYS.broker.messages.received": str(broker.messages_received),
             "$SYS.broker.messages.sent": str(broker.messages_sent),
             "$SYS.broker.subscriptions.count": str(broker.subscription_count()),
+            # Beside Mosquitto's, what /metrics says of queues and the store (O(queues) every interval).
+            "$SYS.broker.retained messages.count": str(len(broker.retained)),
+            "$SYS.broker.queues.count": str(len(queues)),
+            "$SYS.broker.queues.messages": str(sum(len(q) + q.inflight for q in queues)),
+            "$SYS.broker.queues.consumers": str(sum(len(q.consumers) for q in queues)),
+            "$SYS.broker.store.bytes": str(broker.store_usage.bytes),
         }
 
     def publish(self) -> None:

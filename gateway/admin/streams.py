@@ -69,7 +69,12 @@ class StreamsAPI:
 
     def list(self, request: server.Request) -> Any:
         return json_body(200, {"streams": [
-            {"name": s.name, "partitions": len(s.partitions)} for s in self.broker.streams.streams.values()
+            {
+                "name": s.name, "partitions": len(s.partitions),
+                "records": sum(p.end - p.first for p in s.partitions), "bytes": sum(p.bytes for p in s.partitions),
+                "readers": len(s.readers),
+            }
+            for s in self.broker.streams.streams.values()
             if permitted(request, Permission.READ, f"stream://{s.name}")
         ]})
 
@@ -87,7 +92,13 @@ class StreamsAPI:
                 {"partition": p.index, "earliest": p.first, "latest": p.end, "bytes": p.bytes} for p in stream.partitions
             ],
             "readers": [
-                {"name": r.name, "offsets": {str(k): v for k, v in sorted(r.offsets.items())}, "expires_in_seconds": round((r.expires_ms - now) / 1000, 1)}
+                {
+                    "name": r.name, "offsets": {str(k): v for k, v in sorted(r.offsets.items())},
+                    # Records the reader has yet to read, per partition (what Kafka calls consumer lag).
+                    "lag": {str(k): max(0, stream.partitions[k].end - v) for k, v in sorted(r.offsets.items())
+                            if 0 <= k < len(stream.partitions)},
+                    "expires_in_seconds": round((r.expires_ms - now) / 1000, 1),
+                }
                 for r in stream.readers.values() if r.expires_ms > now
             ],
         })

@@ -68,7 +68,9 @@ def test_offsets_and_records_of_what_stomp_and_mqtt_sent(api):
     mqtt, _ = mqtt_connect(api.handle, "d1", version=5)
     mqtt.publish("sensors/a", bytes([0, 255, 1]), qos=1).wait_for_publish()
     status, listing = api.json("GET", "/api/v1/streams")
-    assert status == 200 and listing == {"streams": [{"name": "sensors", "partitions": 2}, {"name": "orders", "partitions": 1}]}
+    assert status == 200 and [(s["name"], s["partitions"], s["records"], s["readers"]) for s in listing["streams"]] == [
+        ("sensors", 2, 4, 0), ("orders", 1, 0, 0)]
+    assert listing["streams"][0]["bytes"] > 0 and listing["streams"][1]["bytes"] == 0
     status, info = api.json("GET", "/api/v1/streams/sensors")
     index = next(p["partition"] for p in info["partitions"] if p["latest"])
     assert info["partitions"][index]["earliest"] == 0 and info["partitions"][index]["latest"] == 4
@@ -136,6 +138,15 @@ def test_readers_register_and_leave(api):
     assert status == 204
     _, info = api.json("GET", "/api/v1/streams/sensors")
     assert [r["name"] for r in info["readers"]] == ["query-1"] and info["readers"][0]["offsets"] == {"0": 0, "1": 0}
+    conn, got = connect(api.handle)
+    for i in range(2):
+        conn.send("/topic/sensors.a", f"s{i}", headers={"persistent": "true"})
+    sync(conn, got)
+    disconnect(conn)
+    _, info = api.json("GET", "/api/v1/streams/sensors")
+    # Lag: what the reader has yet to read, up to each partition's latest offset.
+    assert sum(info["readers"][0]["lag"].values()) == 2
+    assert info["readers"][0]["lag"] == {str(p["partition"]): p["latest"] for p in info["partitions"]}
     status, body = api.json("PUT", "/api/v1/streams/sensors/readers/query-1", b"[]", "application/json")
     assert status == 400 and "offsets" in body["error"]
     status, body = api.json("PUT", "/api/v1/streams/sensors/readers/q", json.dumps({"offsets": {"5": 0}}).encode(), "application/json")

@@ -473,7 +473,8 @@ def test_wildcards_do_not_match_dollar_topics(mqtt):
 def test_sys_topics_are_retained_figures(mqtt):
     sub, got = mqtt("sys")
     assert subscribe(sub, got, ("$SYS/#", 0)) == [0]
-    wanted = {"$SYS/broker/uptime", "$SYS/broker/clients/connected", "$SYS/broker/messages/received", "$SYS/broker/version"}
+    wanted = {"$SYS/broker/uptime", "$SYS/broker/clients/connected", "$SYS/broker/messages/received", "$SYS/broker/version",
+              "$SYS/broker/store/bytes"}
     deadline = time.monotonic() + 5
     while not wanted <= set(topics(got.messages)) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -484,6 +485,8 @@ def test_sys_topics_are_retained_figures(mqtt):
     assert by_topic["$SYS/broker/clients/connected"].payload.decode().isdigit()
     assert by_topic["$SYS/broker/messages/received"].payload.decode().isdigit()
     assert by_topic["$SYS/broker/version"].payload
+    for figure in ("retained messages/count", "queues/count", "queues/messages", "queues/consumers", "store/bytes"):
+        assert by_topic[f"$SYS/broker/{figure}"].payload.decode().isdigit(), figure
 
 
 def test_dot_in_a_topic_level_round_trips(mqtt):

@@ -54,7 +54,9 @@ def test_connections_without_client_id_are_counted_not_indexed():
     broker = make()
     a, b = broker.connect(), broker.connect("named")
     assert broker.connection_count() == 2
-    assert SysPublisher(broker, 0, "test").figures()["$SYS.broker.clients.connected"] == "2"
+    figures = SysPublisher(broker, 0, "test").figures()
+    assert figures["$SYS.broker.clients.connected"] == "2"
+    assert (figures["$SYS.broker.queues.count"], figures["$SYS.broker.queues.messages"]) == ("0", "0")
     a.close()
     assert broker.connection_count() == 1
     b.close()
