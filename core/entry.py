@@ -4,21 +4,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TypeAlias
 
 from core.message import Message
+from core.via import ViaMarker
 
 if TYPE_CHECKING:
     from core.topic import Subscription
-
-
-class ViaMarker:
-    """Base of a protocol's own answer to "why did this entry reach the queue?".
-
-    The core routes with subscriptions; a protocol that puts entries into a
-    queue itself for another reason (MQTT's retained messages sent because
-    of a SUBSCRIBE) derives a marker from this and sets it as ``Entry.via``.
-    The core never looks inside one.
-    """
-
-    __slots__ = ()
 
 
 # What brought an entry to its queue: the topic subscription that matched, a

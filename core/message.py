@@ -29,6 +29,15 @@ _JMS_LOOKUPS = {
 }
 
 
+# What a message is made of (its __slots__ but the cache); copy() copies these.  A module
+# constant rather than __slots__ introspection, which a compiled class (mypyc) does not offer.
+FIELDS = (
+    "id", "destination", "body", "headers", "persistent", "priority",
+    "expiration", "timestamp", "group_id", "group_seq", "correlation_id",
+    "reply_to", "content_type", "origin",
+)
+
+
 class Message:
     """One message as routed by the core.
 
@@ -36,11 +45,7 @@ class Message:
     of their own; they pass through to consumers unchanged.
     """
 
-    __slots__ = (
-        "id", "destination", "body", "headers", "persistent", "priority",
-        "expiration", "timestamp", "group_id", "group_seq", "correlation_id",
-        "reply_to", "content_type", "origin", "cache",
-    )
+    __slots__ = (*FIELDS, "cache")
 
     def __init__(
         self,
@@ -87,7 +92,7 @@ class Message:
 
     def copy(self, **changes: Any) -> "Message":
         """A new message with some fields changed (DLQ, retargeting); the cache is not shared."""
-        fields = {name: getattr(self, name) for name in self.__slots__ if name != "cache"}
+        fields = {name: getattr(self, name) for name in FIELDS}
         fields["headers"] = dict(self.headers)
         fields.update(changes)
         return Message(**fields)

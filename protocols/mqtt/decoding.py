@@ -452,12 +452,14 @@ class MqttDecoder:
         """Bytes held for an incomplete packet, for the session's memory accounting."""
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list[Packet]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Consume ``data`` and return every packet it completes, in order.
 
         Raises MqttProtocolError on bad input (with ``packets`` set to what
         this call completed before it); the decoder is then unusable.
         """
+        if not isinstance(data, bytes):
+            data = bytes(data)  # a transport may hand a bytearray or memoryview; one copy per read
         own = self._buf
         if own:
             own += data

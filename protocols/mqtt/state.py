@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.consumer import Consumer
-from core.entry import ViaMarker
+from core.via import ViaMarker
 from core.errors import BrokerError
 from core.message import Message
 from core.queue import MessageQueue

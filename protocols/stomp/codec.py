@@ -324,11 +324,13 @@ class StompDecoder:
         """Bytes held for an incomplete frame, for the session's memory accounting."""
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Consume ``data`` and return every frame it completes, in order.
 
         Raises StompProtocolError on bad input; the decoder is then unusable.
         """
+        if not isinstance(data, bytes):
+            data = bytes(data)  # a transport may hand a bytearray or memoryview; one copy per read
         if not data and not self._buf:
             return []
         own = self._buf
