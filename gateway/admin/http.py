@@ -151,6 +151,9 @@ class Router(Resource):
 
     def render(self, request: server.Request) -> Any:
         """Authenticate (at once, or after the password check), then route."""
+        refusal = cross_site(request)
+        if refusal is not None:
+            return self._finish(request, error_body(refusal))
         if self.guard is None:
             return self._route(request, OPEN)
         if self._public and self._is_public(request):
@@ -259,6 +262,33 @@ class Router(Resource):
                 request.finish()
             return b""
         return body
+
+
+# Methods a page on another site may not make a browser send here (with its cached credentials).
+_SAFE_METHODS = (b"GET", b"HEAD", b"OPTIONS")
+
+
+def cross_site(request: server.Request) -> HttpError | None:
+    """A change asked by a page of another origin (cross-site request forgery): refused.
+
+    Browsers name the page's origin in ``Origin`` on every cross-origin POST,
+    PUT and DELETE; the console, on this listener's own origin, matches the
+    ``Host`` it was served from.  curl, the CLI and Spark send no Origin and
+    are not affected.  Without this, any web page open on an operator's
+    machine could purge a queue through the browser's cached Basic credentials
+    or the loopback listener.
+    """
+    if request.method in _SAFE_METHODS:
+        return None
+    origin = request.getHeader("origin")
+    if origin is None:
+        return None
+    host = request.getHeader("host") or ""
+    scheme = "https" if request.isSecure() else "http"
+    if origin == f"{scheme}://{host}":
+        return None
+    return HttpError(403, f"cross-site request refused: Origin {origin[:200]} is not this listener ({scheme}://{host[:200]})",
+                     "cross_origin")
 
 
 def grant_of(request: server.Request) -> Grant | None:

@@ -131,8 +131,12 @@ class PasswordAuthenticator:
                 answer(None, BANNED.format(seconds=max(wait, 1)))
                 return
 
+        # Nothing given at all (a browser's first request, before its Basic prompt) guesses no
+        # password: refused, but neither a failed login nor a step towards a ban.
+        guessed = bool(credentials.login or credentials.secret)
+
         def answered(principal: Principal | None, why: str) -> None:
-            if principal is None and why == REFUSED:
+            if principal is None and why == REFUSED and guessed:
                 self.audit.write("login_failed", **fields)
                 self.failed_logins += 1
                 if backoff is not None and backoff.failed(host, self.reactor.seconds()):

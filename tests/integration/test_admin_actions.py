@@ -596,3 +596,15 @@ def test_actions_hold_across_a_restart(tmp_path):
         mqtt_close(mqtt)
     finally:
         handle.stop()
+
+
+def test_changes_from_another_sites_page_are_refused(api):
+    """A browser names the page's origin on a cross-site POST: refused, so no web page purges through it."""
+    send_all(api.handle, "/queue/csrf", ["keep"])
+    base = f"http://127.0.0.1:{api.handle.admin_port}"
+    status, _, body = api.call("POST", "/api/v1/queues/csrf/purge", b"", "text/plain", {"Origin": "http://evil.example"})
+    assert status == 403 and json.loads(body)["code"] == "cross_origin"
+    assert api.handle.queue_depth("queue://csrf") == 1
+    assert api.call("GET", "/api/v1/queues/csrf", headers={"Origin": "http://evil.example"})[0] == 200  # reads are not changes
+    status, _, body = api.call("POST", "/api/v1/queues/csrf/purge", b"", None, {"Origin": base})  # the console's own
+    assert status == 200 and json.loads(body)["purged"] == 1

@@ -232,3 +232,20 @@ def test_a_client_certificate_logs_in_on_admin_https(tmp_path):
         assert call(handle, "GET", "/api/v1/streams/orders")[0] == 401
     finally:
         handle.stop()
+
+
+def test_requests_without_credentials_do_not_ban_the_address(tmp_path):
+    """A browser asks once without credentials before its Basic prompt: that is no password guess."""
+    config = auth_config(tmp_path)
+    config.auth.max_failed_logins = 2
+    handle = BrokerHandle(config)
+    try:
+        for _ in range(5):
+            assert call(handle, "GET", "/api/v1/streams/sensors")[0] == 401
+        assert call(handle, "GET", "/api/v1/streams/sensors", "alice")[0] == 200
+        assert call(handle, "GET", "/api/v1", "alice", "wrong")[0] == 401
+        assert call(handle, "GET", "/api/v1", "alice", "wrong")[0] == 401  # the second guess bans the address
+        status, _, body = call(handle, "GET", "/api/v1", "alice")
+        assert status == 401 and "too many failed logins" in json.loads(body)["error"]
+    finally:
+        handle.stop()
