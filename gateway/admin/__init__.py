@@ -6,6 +6,7 @@ from typing import Any
 from core.broker import Broker
 from gateway.admin.actions import QueueActions
 from gateway.admin.connections import ConnectionsAPI
+from gateway.admin.console_site import ConsoleSite
 from gateway.admin.destinations import DestinationsAPI
 from gateway.admin.health import HealthAPI, broker_readiness, standby_router
 from gateway.admin.http import AdminSite, Guard, Router, json_body
@@ -22,7 +23,7 @@ __all__ = ["admin_site", "standby_site"]
 API = [
     "/api/v1/overview", "/api/v1/queues", "/api/v1/topics", "/api/v1/durable-subscriptions",
     "/api/v1/mqtt-sessions", "/api/v1/streams", "/api/v1/connections", "/api/v1/messages",
-    "/api/v1/health", "/api/v1/ready", "/metrics", "/api/v1/dlq/replay", "/api/v1/retained",
+    "/api/v1/health", "/api/v1/ready", "/metrics", "/api/v1/dlq/replay", "/api/v1/retained", "/console/",
 ]
 
 
@@ -49,6 +50,7 @@ def admin_site(
     MetricsAPI(BrokerCollector(
         broker, version, settings.metrics_max_destinations, settings.metrics_destinations, logins,
     )).install(router)
+    ConsoleSite().install(router)  # the web console's files, at /console/
 
     def index(request: Any) -> Any:
         # Any principal the guard let through: the index names the API, no destination.
