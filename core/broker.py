@@ -107,7 +107,9 @@ class Broker:
         self.topic_messages = TopicMessages(store, self.store_usage)
         self.connections: dict[str, "Connection"] = {}
         # client id -> its registered connections (MQTT may briefly have two: a take-over)
-        self._by_client: dict[str, set[Connection]] = {}
+        # Client id -> its connection, or a set while an MQTT takeover briefly overlaps two (no set
+        # of 216 bytes per idle client otherwise).
+        self._by_client: dict[str, Connection | set[Connection]] = {}
         self._by_user: dict[str, int] = {}  # authenticated user -> open connections
         self.temp_owners: dict[str, str] = {}  # temp queue -> owning connection id
         self._seq = 1
@@ -212,7 +214,13 @@ class Broker:
         connection.user = user
         self.connections[conn_id] = connection
         if client_id is not None:
-            self._by_client.setdefault(client_id, set()).add(connection)
+            same = self._by_client.get(client_id)
+            if same is None:
+                self._by_client[client_id] = connection
+            elif isinstance(same, set):
+                same.add(connection)
+            else:
+                self._by_client[client_id] = {same, connection}
         if user is not None:
             self._by_user[user] = self._by_user.get(user, 0) + 1
         return connection
@@ -237,15 +245,23 @@ class Broker:
         client_id = connection.client_id
         if client_id is not None:
             same = self._by_client.get(client_id)
-            if same is not None:
+            if same is connection:
+                del self._by_client[client_id]
+            elif isinstance(same, set):
                 same.discard(connection)
-                if not same:
+                if len(same) == 1:
+                    self._by_client[client_id] = next(iter(same))
+                elif not same:
                     del self._by_client[client_id]
 
     def client_connected(self, client_id: str) -> bool:
         """Whether a connection with this client id is open (STOMP refuses a second one)."""
         same = self._by_client.get(client_id)
-        return same is not None and any(not c.closed for c in same)
+        if same is None:
+            return False
+        if isinstance(same, set):
+            return any(not c.closed for c in same)
+        return not same.closed
 
     def connection_count(self) -> int:
         return len(self.connections)

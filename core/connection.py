@@ -96,6 +96,13 @@ class Transaction:
 
 
 class Connection:
+    # One per client connection: slots, for the memory of many idle ones.
+    __slots__ = (
+        "broker", "id", "client_id", "protocol", "remote", "user", "writable", "consumers", "subscriptions",
+        "transactions", "temp_queues", "feeds", "closed", "_consumer_ids", "since_ms", "messages_in",
+        "messages_out", "closer", "__weakref__",
+    )
+
     def __init__(self, broker: Host, id: str, client_id: str | None, protocol: str = "", remote: str = "") -> None:
         self.broker = broker
         self.id = id
@@ -108,7 +115,7 @@ class Connection:
         self.consumers: dict[str, Consumer] = {}
         self.subscriptions: dict[Consumer, Subscription] = {}
         self.transactions: dict[str, Transaction] = {}
-        self.temp_queues: set[str] = set()
+        self.temp_queues: dict[str, None] = {}  # keys only: a dict is 64 bytes empty, a set 216
         self.feeds: dict[Consumer, "StreamFeed"] = {}
         self.closed = False
         self._consumer_ids = itertools.count(1)
@@ -146,7 +153,7 @@ class Connection:
     def temp_queue(self, name: str) -> str:
         """This connection's temporary queue of that name, created on first use."""
         canonical = self.broker.create_temp_queue(self, name)
-        self.temp_queues.add(canonical)
+        self.temp_queues[canonical] = None
         return canonical
 
     # -- consuming ------------------------------------------------------

@@ -164,6 +164,14 @@ class Pending:
 
 
 class MessageQueue:
+    # One per queue and per clean MQTT session: slots keep an idle one small (a dict of 24 attributes is 1 KB).
+    __slots__ = (
+        "name", "host", "storage", "pending", "consumers", "groups", "enqueued", "dequeued", "expired",
+        "dead_lettered", "max_redeliveries", "delivered_mark", "memory_limit", "paged", "spilled", "page_from",
+        "_rr", "_selectors", "_exclusives", "_uses_groups", "_may_expire", "_busy", "_again", "refill",
+        "__weakref__",
+    )
+
     def __init__(
         self, name: str, host: Host, storage: Storage | None = None, *, max_redeliveries: int | None = None,
     ) -> None:

@@ -139,7 +139,7 @@ class MqttHub:
         client.expiry = state.get("expiry", NEVER_EXPIRES)
         client.user = state.get("user")
         client.released = {int(pid): seq for pid, seq in state.get("released", {}).items()}
-        client.inbound_qos2 = set(state.get("inbound", ()))
+        client.inbound_qos2 = dict.fromkeys(state.get("inbound", ()))
         # The client holds these already (PUBREC was received): PUBREL, not PUBLISH, is due.
         for entry in queue.remove_seqs(set(client.released.values())):
             queue.settle(entry)

@@ -134,6 +134,14 @@ class Inflight:
 class ClientSession:
     """What survives between connections of one client id (MQTT 4.1)."""
 
+    # One per MQTT client id, kept while its session lives: slots, for the memory of many idle devices.
+    __slots__ = (
+        "client_id", "queue", "durable", "expiry", "filters", "subs", "shared", "outbound", "released",
+        "released_inflight", "inbound_qos2", "ids_by_seq", "next_id", "live", "expiry_timer", "will_timer",
+        "pending_will", "left_at", "user", "__weakref__",
+    )
+
+
     def __init__(self, client_id: str, queue: MessageQueue, durable: bool) -> None:
         self.client_id = client_id
         self.queue = queue
@@ -149,7 +157,7 @@ class ClientSession:
         # ... and, while its connection lives, the delivery itself, held until
         # PUBCOMP so it keeps its receive-maximum slot (MQTT 5 4.9).
         self.released_inflight: dict[int, Inflight] = {}
-        self.inbound_qos2: set[int] = set()           # PUBREC sent, awaiting PUBREL
+        self.inbound_qos2: dict[int, None] = {}       # PUBREC sent, awaiting PUBREL (keys; smaller than a set)
         self.ids_by_seq: dict[int, int] = {}          # message -> packet id it was first sent with
         self.next_id = 1
         self.live: MqttSession | None = None
