@@ -71,7 +71,7 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignor
 
     def __init__(self) -> None:
         super().__init__()
-        self._holds = set()
+        self._holds = {}
 
     def onConnect(self, request: Any) -> str | None:
         offered: list[str] = [p for p in request.protocols if p]
