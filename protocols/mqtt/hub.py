@@ -19,6 +19,7 @@ from core.errors import BrokerError
 from core.queue import MessageQueue
 from core.retained import RetainedLimit
 from protocols.auth import Anonymous, Authenticator
+from protocols.deadlines import Deadlines
 from protocols.mqtt import codec as mq
 from protocols.mqtt.names import InvalidTopic, filter_to_canonical, topic_to_canonical
 from protocols.mqtt.state import (
@@ -48,6 +49,8 @@ class MqttHub:
         self.access: Access = access or AllowAll()
         self.clients: dict[str, ClientSession] = {}
         self.live: set[MqttSession] = set()
+        # Every connection's keep-alive on one reactor timer (an idle device holds no DelayedCall).
+        self.deadlines = Deadlines(broker.clock)
         self.queue_filters = [
             tuple(filter_to_canonical(f)[8:].split(".")) for f in settings.queue_topics
         ]

@@ -403,24 +403,24 @@ class MqttSession:
 
     def _arm_keep_alive(self) -> None:
         if not self.closed and self.keep_alive:
-            self._timer = self.broker.clock.callLater(self.keep_alive * self.settings.keep_alive_grace, self._check_keep_alive)
+            self.hub.deadlines.watch(self._last_read + self.keep_alive * self.settings.keep_alive_grace, self)
 
-    def _check_keep_alive(self) -> None:
+    def deadline_reached(self) -> float | None:
         """Due when the silence would reach its limit (MQTT-3.1.2-24): closes then, not up to half an interval late.
 
-        One timer per connection, moved on from the last read only when it
-        fires, so the read path never touches it.
+        The hub's one timer for every keep-alive (protocols/deadlines.py) calls
+        this when the deadline set from the last read comes; the read path never
+        touches it, and a read since moves the deadline on.
         """
-        self._timer = None
         if self.closed:
-            return
-        limit = self.keep_alive * self.settings.keep_alive_grace
-        silence = self.broker.clock.seconds() - self._last_read
-        if silence >= limit:
-            log.info("[{label}] keep-alive timeout after {s:.1f}s", label=self.label, s=silence)
+            return None
+        due = self._last_read + self.keep_alive * self.settings.keep_alive_grace
+        now = self.broker.clock.seconds()
+        if now >= due:
+            log.info("[{label}] keep-alive timeout after {s:.1f}s", label=self.label, s=now - self._last_read)
             self._server_disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep-alive timeout")
-            return
-        self._timer = self.broker.clock.callLater(limit - silence, self._check_keep_alive)
+            return None
+        return due
 
     # -- publishing (client -> broker) -------------------------------------
 

@@ -1,0 +1,74 @@
+"""One timer for many connections' deadlines (MQTT keep-alive): a heap instead of a DelayedCall each.
+
+An idle device is mostly its keep-alive timer: Twisted's DelayedCall with its
+arguments is about 600 bytes per connection.  A heap entry is a tuple of 64.
+The heap keeps the same precision (each entry is due at its own time, as a
+timer of its own would be): the one reactor timer is set for the earliest
+deadline and moved when an earlier one arrives.  An entry is never removed
+when its connection closes; the connection answers "no further deadline"
+when it comes due, so a closed session is let go at most one interval late.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any, Protocol
+
+from twisted.logger import Logger
+
+from core.broker import Clock
+
+log = Logger(namespace="gateway.protocols")
+
+
+class Watched(Protocol):
+    def deadline_reached(self) -> float | None:
+        """Called when due: the next absolute deadline to be called at, or None for none."""
+
+
+class Deadlines:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._heap: list[tuple[float, int, Watched]] = []
+        self._order = itertools.count()  # ties: first come, first called; sessions never compared
+        self._timer: Any = None
+        self._timer_at = 0.0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def watch(self, at: float, watched: Watched) -> None:
+        """Call ``watched.deadline_reached()`` at the clock time ``at`` (or as soon after as the reactor can)."""
+        heapq.heappush(self._heap, (at, next(self._order), watched))
+        if self._timer is None or at < self._timer_at:
+            self._schedule(at)
+
+    def _schedule(self, at: float) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self.clock.callLater(max(0.0, at - self.clock.seconds()), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        heap = self._heap
+        now = self.clock.seconds()
+        due = []
+        while heap and heap[0][0] <= now:
+            due.append(heapq.heappop(heap)[2])
+        for watched in due:  # each called once per firing, whatever it answers
+            try:
+                again = watched.deadline_reached()
+            except Exception:
+                log.failure("a deadline's check failed; it is dropped")
+                continue
+            if again is not None:
+                heapq.heappush(heap, (again, next(self._order), watched))
+        if heap:
+            self._schedule(heap[0][0])
+
+    def stop(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        self._heap.clear()
