@@ -64,3 +64,39 @@ def test_stop_forgets_everything():
     deadlines.stop()
     clock.advance(2)
     assert log == [] and clock.getDelayedCalls() == []
+
+
+def test_a_dropped_watcher_is_freed_at_once_and_skipped():
+    """A closed session is not kept alive by its pending keep-alive deadline."""
+    import gc
+    import weakref
+
+    clock = Clock()
+    deadlines = Deadlines(clock)
+    log, (gone, kept) = watches(clock, ("gone", [99.0]), ("kept",))
+    deadlines.watch(5.0, gone)
+    deadlines.watch(5.0, kept)
+    alive = weakref.ref(gone)
+    del gone
+    gc.collect()
+    assert alive() is None  # freed while its deadline is still pending
+    clock.advance(5)
+    assert log == [("kept", 5.0)] and len(deadlines) == 0
+
+
+def test_churn_does_not_grow_the_heap():
+    """Closed sessions' entries go once they are most of the heap (a reconnect storm)."""
+    import gc
+
+    clock = Clock()
+    deadlines = Deadlines(clock)
+    log, (kept,) = watches(clock, ("kept",))
+    deadlines.watch(90.0, kept)
+    for _ in range(5000):
+        _, (gone,) = watches(clock, ("gone",))
+        deadlines.watch(90.0, gone)
+        del gone
+    gc.collect()
+    assert len(deadlines) < 2500
+    clock.advance(90)
+    assert log == [("kept", 90.0)] and len(deadlines) == 0
