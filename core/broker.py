@@ -120,7 +120,6 @@ class Broker:
         self._scheduled: dict[str, Any] = {}  # record key -> delayed call
         self._sweeper: Any = None
         self.messages_received = 0
-        self.messages_sent = 0
         # protocol ("stomp/1.2", "mqtt/5", "http") -> [messages in, messages out] of closed connections
         self.closed_traffic: dict[str, list[int]] = {}
         self._marks: set[MessageQueue] = set()
@@ -231,12 +230,14 @@ class Broker:
 
     def forget_connection(self, connection: Connection) -> None:
         """A connection has closed: it is no longer counted or found by its client id."""
+        if self.connections.pop(connection.id, None) is None:
+            return  # forgotten already
         if connection.messages_in or connection.messages_out:
-            # Its traffic stays in the per-protocol totals (metrics) once it is gone.
+            # Its traffic stays in the per-protocol totals (metrics, $SYS) once it is gone.
             done = self.closed_traffic.setdefault(connection.protocol, [0, 0])
             done[0] += connection.messages_in
             done[1] += connection.messages_out
-        if self.connections.pop(connection.id, None) is not None and connection.user is not None:
+        if connection.user is not None:
             left = self._by_user.get(connection.user, 0) - 1
             if left > 0:
                 self._by_user[connection.user] = left
@@ -262,6 +263,12 @@ class Broker:
         if isinstance(same, set):
             return any(not c.closed for c in same)
         return not same.closed
+
+    @property
+    def messages_sent(self) -> int:
+        """Deliveries to clients: each connection counts its own (Consumer.deliver), closed ones are kept
+        in ``closed_traffic``; summed when asked ($SYS, every few seconds), not counted twice per delivery."""
+        return sum(c.messages_out for c in self.connections.values()) + sum(t[1] for t in self.closed_traffic.values())
 
     def connection_count(self) -> int:
         return len(self.connections)

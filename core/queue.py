@@ -50,7 +50,6 @@ class Host(Protocol):
     """What a queue needs from its broker."""
 
     policy: Policy
-    messages_sent: int  # counted by the queue as it hands entries to consumers
     spill: Store | None  # where non-persistent messages beyond memory wait, if anywhere
     store: Store
     memory: "MemoryUsage"
@@ -240,7 +239,6 @@ class MessageQueue:
             # consumer with credit, without a trip through the pending deques.
             consumer = self._next_with_credit(self.consumers, entry)
             if consumer is not None:
-                self.host.messages_sent += 1
                 consumer.deliver(entry)
                 return
         if self.memory_limit and self._page_out(entry):
@@ -465,7 +463,6 @@ class MessageQueue:
             if expiration and expiration <= now:
                 host.expired(self, entry)
                 continue
-            host.messages_sent += 1
             consumer.deliver(entry)
             if len(targets) != n:  # a delivery closed a consumer (e.g. its socket failed)
                 return
@@ -529,7 +526,6 @@ class MessageQueue:
                     owner = self.groups.pop(message.group_id, None)
                     if owner is not None:
                         owner.release_group(message.group_id)
-                host.messages_sent += 1
                 consumer.deliver(entry)
             level.extendleft(reversed(kept))
             if budget <= 0:
