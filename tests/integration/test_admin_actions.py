@@ -428,6 +428,10 @@ def test_list_and_clear_retained_messages(api):
 @pytest.mark.parametrize("method, path, body, status, code, text", [
     ("GET", "/api/v1/queues/nowhere/messages", None, 404, "unknown_queue", "no queue queue://nowhere"),
     ("POST", "/api/v1/queues/nowhere/purge", None, 404, "unknown_queue", "no queue"),
+    ("POST", "/api/v1/queues/nowhere/get", None, 404, "unknown_queue", "no queue"),
+    ("PUT", "/api/v1/queues/DLQ", None, 400, "bad_request", "is a dead-letter queue"),
+    ("PUT", "/api/v1/queues/bad.a", b'{"durable": true}', 400, "bad_request", "unknown field 'durable'"),
+    ("POST", "/api/v1/queues/bad.a/get", b'{"count": "2"}', 400, "bad_request", "field 'count'"),
     ("DELETE", "/api/v1/queues/nowhere", None, 404, "unknown_queue", "no queue"),
     ("POST", "/api/v1/queues/bad.a/move", b"{not json", 400, "bad_request", "not JSON"),
     ("POST", "/api/v1/queues/bad.a/move", b"[1]", 400, "bad_request", "JSON object"),
