@@ -100,7 +100,7 @@ class Connection:
     __slots__ = (
         "broker", "id", "client_id", "protocol", "remote", "user", "writable", "consumers", "subscriptions",
         "transactions", "temp_queues", "feeds", "closed", "_consumer_ids", "since_ms", "messages_in",
-        "messages_out", "closer", "__weakref__",
+        "messages_out", "closer",
     )
 
     def __init__(self, broker: Host, id: str, client_id: str | None, protocol: str = "", remote: str = "") -> None:

@@ -1,22 +1,23 @@
 """One timer for many connections' deadlines (MQTT keep-alive): a heap instead of a DelayedCall each.
 
 An idle device is mostly its keep-alive timer: Twisted's DelayedCall with its
-arguments is about 600 bytes per connection.  A heap entry is a tuple of 64.
-The heap keeps the same precision (each entry is due at its own time, as a
-timer of its own would be): the one reactor timer is set for the earliest
-deadline and moved when an earlier one arrives.  An entry is never removed
-when its connection closes; the connection answers "no further deadline"
-when it comes due.  Entries hold their connection by a weak reference, so a
-closed session is freed at once rather than held for up to a keep-alive
-interval (a reconnect storm would otherwise keep every closed session alive);
-once most entries are dead ones the heap is rebuilt without them, as Twisted
-does with cancelled calls, so churn does not grow it either.
+arguments is about 600 bytes per connection.  A heap entry is a tuple of 56
+bytes and a dict slot.  The heap keeps the same precision (each entry is due at
+its own time, as a timer of its own would be): the one reactor timer is set for
+the earliest deadline and moved when an earlier one arrives.
+
+A closing connection forgets its entry, which lets go of the connection at
+once (a reconnect storm would otherwise keep every closed session alive for a
+keep-alive interval); the heap entry itself stays until it comes due or most
+entries are dead ones, when the heap is rebuilt without them, as Twisted does
+with cancelled calls, so churn does not grow it either.  Forgetting is explicit
+rather than a weak reference because the sessions are compiled (mypyc) classes,
+which take no weak references.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
-import weakref
 from typing import Any, Protocol
 
 from twisted.logger import Logger
@@ -34,31 +35,42 @@ class Watched(Protocol):
 class Deadlines:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self._heap: list[tuple[float, int, weakref.ReferenceType[Watched]]] = []
-        self._order = itertools.count()  # ties: first come, first called; sessions never compared
+        self._heap: list[tuple[float, int]] = []  # (due, handle); ties: the first watched is called first
+        self._watched: dict[int, Watched] = {}  # handle -> watcher, until it is forgotten or done
+        self._handles = itertools.count()
         self._timer: Any = None
         self._timer_at = 0.0
-        self._dead = 0  # entries whose watcher is gone
-        self._on_death = self._died  # one bound method for every weak reference's callback
+        self._dead = 0  # heap entries whose watcher was forgotten
 
     def __len__(self) -> int:
         return len(self._heap)
 
-    def watch(self, at: float, watched: Watched) -> None:
-        """Call ``watched.deadline_reached()`` at the clock time ``at`` (or as soon after as the reactor can)."""
+    def watch(self, at: float, watched: Watched) -> int:
+        """Call ``watched.deadline_reached()`` at the clock time ``at`` (or as soon after as the reactor can).
+
+        Returns the handle to ``forget`` it by; it stays valid while the watcher keeps
+        answering with further deadlines.
+        """
         self._compact()
-        heapq.heappush(self._heap, (at, next(self._order), weakref.ref(watched, self._on_death)))
+        handle = next(self._handles)
+        self._watched[handle] = watched
+        self._push(at, handle)
+        return handle
+
+    def forget(self, handle: int) -> None:
+        """Let go of a watcher now (its connection closed); it will not be called."""
+        if self._watched.pop(handle, None) is not None:
+            self._dead += 1
+
+    def _push(self, at: float, handle: int) -> None:
+        heapq.heappush(self._heap, (at, handle))
         if self._timer is None or at < self._timer_at:
             self._schedule(at)
 
-    def _died(self, ref: weakref.ReferenceType[Watched]) -> None:
-        # Only counted here: a weak reference's callback can run inside any allocation,
-        # so the heap is compacted by watch() and _fire(), never under their feet.
-        self._dead += 1
-
     def _compact(self) -> None:
         if self._dead > 1000 and self._dead * 2 > len(self._heap):
-            self._heap = [entry for entry in self._heap if entry[2]() is not None]
+            watched = self._watched
+            self._heap = [entry for entry in self._heap if entry[1] in watched]
             heapq.heapify(self._heap)
             self._dead = 0
 
@@ -75,9 +87,10 @@ class Deadlines:
         now = self.clock.seconds()
         due = []
         while heap and heap[0][0] <= now:
-            due.append(heapq.heappop(heap)[2])
-        for ref in due:  # each called once per firing, whatever it answers
-            watched = ref()
+            due.append(heapq.heappop(heap)[1])
+        for handle in due:  # each called once per firing, whatever it answers
+            # Out of the table while it is called: a close inside the call forgets nothing twice.
+            watched = self._watched.pop(handle, None)
             if watched is None:
                 self._dead = max(0, self._dead - 1)
                 continue  # its connection is gone
@@ -87,8 +100,9 @@ class Deadlines:
                 log.failure("a deadline's check failed; it is dropped")
                 continue
             if again is not None:
+                self._watched[handle] = watched
                 # self._heap, not the local: a check may have watched something new (and compacted).
-                heapq.heappush(self._heap, (again, next(self._order), ref))
+                heapq.heappush(self._heap, (again, handle))
         if self._heap and (self._timer is None or self._heap[0][0] < self._timer_at):
             self._schedule(self._heap[0][0])
 
@@ -97,3 +111,4 @@ class Deadlines:
             self._timer.cancel()
         self._timer = None
         self._heap.clear()
+        self._watched.clear()

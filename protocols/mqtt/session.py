@@ -112,9 +112,8 @@ class MqttSession:
     __slots__ = (
         "hub", "broker", "settings", "transport", "remote", "decoder", "level", "phase", "principal", "_waiting",
         "_auth_paused", "_checked", "live", "will", "label", "keep_alive", "problem_information",
-        "peer_receive_maximum", "peer_max_packet", "peer_alias_max", "_timer", "_last_read", "closed",
+        "peer_receive_maximum", "peer_max_packet", "peer_alias_max", "_timer", "_deadline", "_last_read", "closed",
         "normal_disconnect", "_inflight", "_send_quota", "_transport_paused", "_held", "_refusal", "close_reason",
-        "__weakref__",
     )
 
     def __init__(self, hub: MqttHub, transport: Transport, remote: str = "") -> None:
@@ -142,6 +141,7 @@ class MqttSession:
         self.keep_alive = 0
         self._last_read = self.broker.clock.seconds()
         self._timer: Any = self.broker.clock.callLater(self.settings.connect_timeout, self._connect_timed_out)
+        self._deadline: int | None = None  # the keep-alive's handle in hub.deadlines
         # What the client told us it accepts (5.0).
         self.peer_receive_maximum = 65535
         self.peer_max_packet = mq.MAX_PACKET_SIZE
@@ -403,7 +403,7 @@ class MqttSession:
 
     def _arm_keep_alive(self) -> None:
         if not self.closed and self.keep_alive:
-            self.hub.deadlines.watch(self._last_read + self.keep_alive * self.settings.keep_alive_grace, self)
+            self._deadline = self.hub.deadlines.watch(self._last_read + self.keep_alive * self.settings.keep_alive_grace, self)
 
     def deadline_reached(self) -> float | None:
         """Due when the silence would reach its limit (MQTT-3.1.2-24): closes then, not up to half an interval late.
@@ -417,6 +417,7 @@ class MqttSession:
         due = self._last_read + self.keep_alive * self.settings.keep_alive_grace
         now = self.broker.clock.seconds()
         if now >= due:
+            self._deadline = None
             log.info("[{label}] keep-alive timeout after {s:.1f}s", label=self.label, s=now - self._last_read)
             self._server_disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT, "keep-alive timeout")
             return None
@@ -955,6 +956,9 @@ class MqttSession:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+        if self._deadline is not None:
+            self.hub.deadlines.forget(self._deadline)
+            self._deadline = None
         live = self.live
         if live is None:
             return

@@ -138,7 +138,7 @@ class ClientSession:
     __slots__ = (
         "client_id", "queue", "durable", "expiry", "filters", "subs", "shared", "outbound", "released",
         "released_inflight", "inbound_qos2", "ids_by_seq", "next_id", "live", "expiry_timer", "will_timer",
-        "pending_will", "left_at", "user", "__weakref__",
+        "pending_will", "left_at", "user",
     )
 
 

@@ -66,7 +66,7 @@ def test_stop_forgets_everything():
     assert log == [] and clock.getDelayedCalls() == []
 
 
-def test_a_dropped_watcher_is_freed_at_once_and_skipped():
+def test_a_forgotten_watcher_is_freed_at_once_and_skipped():
     """A closed session is not kept alive by its pending keep-alive deadline."""
     import gc
     import weakref
@@ -74,9 +74,11 @@ def test_a_dropped_watcher_is_freed_at_once_and_skipped():
     clock = Clock()
     deadlines = Deadlines(clock)
     log, (gone, kept) = watches(clock, ("gone", [99.0]), ("kept",))
-    deadlines.watch(5.0, gone)
+    handle = deadlines.watch(5.0, gone)
     deadlines.watch(5.0, kept)
     alive = weakref.ref(gone)
+    deadlines.forget(handle)
+    deadlines.forget(handle)  # twice (a close after a close) is harmless
     del gone
     gc.collect()
     assert alive() is None  # freed while its deadline is still pending
@@ -84,19 +86,27 @@ def test_a_dropped_watcher_is_freed_at_once_and_skipped():
     assert log == [("kept", 5.0)] and len(deadlines) == 0
 
 
+def test_a_watcher_that_answers_again_keeps_its_handle():
+    clock = Clock()
+    deadlines = Deadlines(clock)
+    log, (a,) = watches(clock, ("a", [7.0, 9.0]))
+    handle = deadlines.watch(5.0, a)
+    clock.advance(5)
+    clock.advance(2)
+    deadlines.forget(handle)  # forgotten after two firings: the third does not come
+    clock.advance(5)
+    assert log == [("a", 5.0), ("a", 7.0)] and len(deadlines) == 0
+
+
 def test_churn_does_not_grow_the_heap():
     """Closed sessions' entries go once they are most of the heap (a reconnect storm)."""
-    import gc
-
     clock = Clock()
     deadlines = Deadlines(clock)
     log, (kept,) = watches(clock, ("kept",))
     deadlines.watch(90.0, kept)
     for _ in range(5000):
         _, (gone,) = watches(clock, ("gone",))
-        deadlines.watch(90.0, gone)
-        del gone
-    gc.collect()
+        deadlines.forget(deadlines.watch(90.0, gone))
     assert len(deadlines) < 2500
     clock.advance(90)
     assert log == [("kept", 90.0)] and len(deadlines) == 0
