@@ -33,6 +33,28 @@ def cost(entry: Entry) -> int:
     return len(entry.message.body) + ENTRY_OVERHEAD
 
 
+# Readers of paged messages.  Generator functions, not generator expressions: compiled
+# (mypyc), a generator expression whose target is a tuple (`for seq, data in ...`) reads
+# its whole source at once, which made every page-in read the entire paged backlog.
+def _decoded(pairs: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, Message]]:
+    for seq, data in pairs:
+        yield seq, decode_message(data)
+
+
+def _tagged(pairs: Iterator[tuple[int, Message]], stored: bool) -> Iterator[tuple[int, Message, bool]]:
+    for seq, message in pairs:
+        yield seq, message, stored
+
+
+def _entries(pairs: Iterator[tuple[int, Message]], mark: int, spilled: bool) -> Iterator[tuple[Entry, bool]]:
+    """(entry, spilled); a stored entry at or below the delivered mark was delivered before a restart."""
+    for seq, message in pairs:
+        if spilled:
+            yield Entry(message, seq), True
+        else:
+            yield Entry(message, seq, redeliveries=1 if seq <= mark else 0, stored=True), False
+
+
 class Storage(Protocol):
     """Where a queue keeps its persistent entries (queue range, or durable refs)."""
 
@@ -168,7 +190,6 @@ class MessageQueue:
         "name", "host", "storage", "pending", "consumers", "groups", "enqueued", "dequeued", "expired",
         "dead_lettered", "max_redeliveries", "delivered_mark", "memory_limit", "paged", "spilled", "page_from",
         "_rr", "_selectors", "_exclusives", "_uses_groups", "_may_expire", "_busy", "_again", "refill",
-        "__weakref__",
     )
 
     def __init__(
@@ -308,13 +329,11 @@ class MessageQueue:
         # is loaded for it (otherwise its backlog would move into its outbox).
         self.host.store.flush()
         if self.storage is not None:
-            sources.append(((seq, message, True) for seq, message in self.storage.page(self.page_from)))
+            sources.append(_tagged(self.storage.page(self.page_from), True))
         spill = self.host.spill
         if self.spilled and spill is not None:
             spill.flush()
-            sources.append(
-                ((seq, decode_message(data), False) for seq, data in spill.iter_messages(self.name, self.page_from))
-            )
+            sources.append(_tagged(_decoded(spill.iter_messages(self.name, self.page_from)), False))
         budget = self.memory_limit - self.pending.bytes
         usage = self.pending.usage
         if usage.limit:
@@ -588,15 +607,10 @@ class MessageQueue:
         mark = self.delivered_mark
         sources: list[Iterator[tuple[Entry, bool]]] = []
         if self.storage is not None:
-            sources.append(
-                (Entry(message, seq, redeliveries=1 if seq <= mark else 0, stored=True), False)
-                for seq, message in self.storage.page(start)
-            )
+            sources.append(_entries(self.storage.page(start), mark, False))
         spill = self.host.spill
         if self.spilled and spill is not None:
-            sources.append(
-                (Entry(decode_message(data), seq), True) for seq, data in spill.iter_messages(self.name, start)
-            )
+            sources.append(_entries(_decoded(spill.iter_messages(self.name, start)), 0, True))
         yield from heapq.merge(*sources, key=lambda item: item[0].seq)
 
     def remove_paged(self, entry: Entry, spilled: bool) -> None:

@@ -219,8 +219,8 @@ class MqttHub:
             if will.retain:
                 try:
                     self.broker.retain(message)
-                except RetainedLimit as exc:
-                    log.warn("will on {topic!r} published, not retained: {why}", topic=will.topic, why=str(exc))
+                except RetainedLimit as limit:  # not `exc`: compiled (mypyc), one name has one type per function
+                    log.warn("will on {topic!r} published, not retained: {why}", topic=will.topic, why=str(limit))
             self.broker.send(message)
         except (InvalidTopic, BrokerError) as exc:
             log.warn("will on {topic!r} not published: {why}", topic=will.topic, why=str(exc))

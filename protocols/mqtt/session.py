@@ -474,12 +474,12 @@ class MqttSession:
                 message = self._message(destination, packet, props)
                 try:
                     live.conn.send(message, retain=packet.retain and destination.startswith("topic://"))
-                except RetainedLimit as exc:
+                except RetainedLimit as limit:  # not `exc`: compiled (mypyc), one name has one type per function
                     if self.level == 5 and qos:
-                        self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, str(exc))  # PUBACK/PUBREC 0x97: not published
+                        self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, str(limit))  # PUBACK/PUBREC 0x97: not published
                         return
                     # 3.x (and a 5.0 QoS 0 publish, which has no answer): published, not retained.
-                    log.info("[{label}] retained flag dropped on {topic!r}: {why}", label=self.label, topic=topic, why=str(exc))
+                    log.info("[{label}] retained flag dropped on {topic!r}: {why}", label=self.label, topic=topic, why=str(limit))
                     message = build_message(self.broker, destination, packet.payload, qos, False, props)
                     live.conn.send(message)
         except (InvalidTopic, BrokerError) as exc:

@@ -415,8 +415,8 @@ class StompDecoder:
 
                     try:
                         text = buf[pos : hend + 1].decode("utf-8")
-                    except UnicodeDecodeError as exc:
-                        raise StompProtocolError("Invalid UTF-8 in headers", str(exc)) from None
+                    except UnicodeDecodeError as bad:  # a name of its own: compiled, `exc` below is typed
+                        raise StompProtocolError("Invalid UTF-8 in headers", str(bad)) from None
                     if "\0" in text:
                         # Legal UTF-8, but a peer that splits frames at NUL would misread it.
                         raise StompProtocolError("NUL in headers", "a header contains a NUL byte")

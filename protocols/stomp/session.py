@@ -240,8 +240,8 @@ class StompSession:
         except StompError as exc:
             self._fail(exc.message, exc.detail, receipt)
             return
-        except BrokerError as exc:
-            self._fail(str(exc), f"{frame.command} refused: {exc}", receipt)
+        except BrokerError as refused:  # not `exc`: compiled (mypyc), one name has one type per function
+            self._fail(str(refused), f"{frame.command} refused: {refused}", receipt)
             return
         except Exception:
             # A bug must cost one client its connection, never the reactor its loop.
