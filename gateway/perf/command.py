@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import shutil
 import signal
 import socket
@@ -12,6 +13,8 @@ import tempfile
 import time
 from typing import Any
 
+from gateway import compiled
+from gateway.auth.users import PasswordHash, set_user, write_lines
 from gateway.perf import procinfo
 from gateway.perf.roles import Target
 from gateway.perf.scenarios import (
@@ -44,6 +47,9 @@ def add_parser(commands: Any) -> None:
     perf.add_argument("--stream", action="store_true",
                       help="with --start-broker: the broker also keeps a stream of every perf destination, "
                            "so the figures include the cost of appending each message to it")
+    perf.add_argument("--auth", action="store_true",
+                      help="with --start-broker: the broker has users and rules (anonymous off, a user allowed "
+                           "perf.> and denied one branch of it), and the generator logs in as that user")
     perf.add_argument("--count", type=int, help="messages (or connections) per scenario instead of its default")
     perf.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
     perf.add_argument("--subscribers", type=int, default=50, help="mqtt-fanout subscribers (default 50)")
@@ -63,22 +69,22 @@ def run(args: argparse.Namespace) -> int:
     if args.size < 8 and "latency" in names:
         print("gateway perf: latency needs --size of at least 8 (the send time rides in the payload)", file=sys.stderr)
         return 2
-    if args.stream and not args.start_broker:
-        print("gateway perf: --stream configures the broker it starts; add --start-broker", file=sys.stderr)
-        return 2
+    for flag in ("stream", "auth"):
+        if getattr(args, flag) and not args.start_broker:
+            print(f"gateway perf: --{flag} configures the broker it starts; add --start-broker", file=sys.stderr)
+            return 2
     options = Options(args.size, args.count, args.subscribers, args.inflight, args.rate, args.duration, args.connections)
-    broker = OwnBroker(stream=args.stream) if args.start_broker else None
+    broker = OwnBroker(stream=args.stream, auth=args.auth) if args.start_broker else None
     try:
         if broker is not None:
-            target = Target(args.host, broker.stomp_port, broker.mqtt_port, args.login, args.passcode)
+            login, passcode = (OwnBroker.USER, broker.password) if args.auth else (args.login, args.passcode)
+            target = Target(args.host, broker.stomp_port, broker.mqtt_port, login, passcode)
             pid: int | None = broker.pid
         else:
             target = Target(args.host, args.stomp_port, args.mqtt_port, args.login, args.passcode)
             pid = args.broker_pid or procinfo.pid_listening_on(
                 target.stomp_port if all(n.startswith("stomp") for n in names) else target.mqtt_port)
-        label = args.label or (
-            ("gateway (--start-broker --stream)" if args.stream else "gateway (--start-broker)") if broker else f"{args.host}"
-        )
+        label = args.label or (broker.label if broker else f"{args.host}")
         results: list[Result] = []
         failed = False
         for name in names:
@@ -150,19 +156,44 @@ destinations = ["queue://perf.>", "topic://perf.>"]
 partitions = 4
 """
 
+# What --auth adds: users and rules as a deployment has them, so each CONNECT checks a
+# password hash and each SEND, PUBLISH and SUBSCRIBE goes through the rules (a deny
+# rule included, so they are not a single allow-all match).
+AUTH_CONFIG = """[auth]
+users_file = "users"
+allow_anonymous = false
+[[auth.rules]]
+who = "user:perf"
+permissions = ["read", "write", "admin"]
+destinations = ["queue://perf.>", "topic://perf.>"]
+[[auth.rules]]
+who = "user:perf"
+access = "deny"
+permissions = ["write"]
+destinations = ["topic://perf.denied.>"]
+"""
+
 
 class OwnBroker:
     """``gateway run`` on its defaults but free ports and a throw-away data directory."""
 
-    def __init__(self, stream: bool = False) -> None:
+    USER = "perf"
+
+    def __init__(self, stream: bool = False, auth: bool = False) -> None:
         self.data = tempfile.mkdtemp(prefix="gateway-perf-")
         self.stomp_port, self.mqtt_port = _free_port(), _free_port()
+        self.password = secrets.token_urlsafe(12)
+        flags = [f for f, on in (("--stream", stream), ("--auth", auth)) if on]
+        self.label = f"gateway (--start-broker{''.join(' ' + f for f in flags)}; {compiled.describe().split(' (')[0]})"
         extra = []
-        if stream:
-            path = f"{self.data}/perf-stream.toml"
+        if stream or auth:
+            path = f"{self.data}/perf.toml"
             with open(path, "w") as f:
-                f.write(STREAM_CONFIG)
+                f.write((STREAM_CONFIG if stream else "") + (AUTH_CONFIG if auth else ""))
             extra = ["--config", path]
+        if auth:
+            lines, _ = set_user([], self.USER, str(PasswordHash.make(self.password.encode())))
+            write_lines(f"{self.data}/users", lines)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "run", "--data-dir", f"{self.data}/data",
              "--stomp-port", str(self.stomp_port), "--mqtt-port", str(self.mqtt_port), "--ws-port", "0",

@@ -102,7 +102,7 @@ def send_windowed(wire: Wire, frames: list[bytes], inflight: int, confirmations:
 
 def mqtt_qos0_subscriber(run: Run, target: Target, topic: str, count: int, size: int, client_id: str) -> None:
     wire = Wire(target.host, target.mqtt_port)
-    mqtt_handshake(wire, client_id)
+    mqtt_handshake(wire, client_id, login=target.login, passcode=target.passcode)
     mqtt_subscribe(wire, topic, 0)
     packet = mqtt_publish_bytes(topic, payload_of(size), 0)
     counter = PrefixCounter(packet[: len(packet) - size])
@@ -126,7 +126,7 @@ def mqtt_fanout_subscribers(run: Run, target: Target, topic: str, count: int, si
     wires = []
     for client_id in ids:
         wire = Wire(target.host, target.mqtt_port)
-        mqtt_handshake(wire, client_id)
+        mqtt_handshake(wire, client_id, login=target.login, passcode=target.passcode)
         mqtt_subscribe(wire, topic, 0)
         wires.append(wire)
     counters = [PrefixCounter(prefix) for _ in wires]
@@ -161,7 +161,7 @@ def mqtt_fanout_subscribers(run: Run, target: Target, topic: str, count: int, si
 
 def mqtt_qos0_publisher(run: Run, target: Target, topic: str, count: int, size: int, client_id: str) -> None:
     wire = Wire(target.host, target.mqtt_port)
-    mqtt_handshake(wire, client_id)
+    mqtt_handshake(wire, client_id, login=target.login, passcode=target.passcode)
     packet = mqtt_publish_bytes(topic, payload_of(size), 0)
     batch = packet * BATCH
     run.ready_and_wait()
@@ -176,7 +176,7 @@ def mqtt_qos0_publisher(run: Run, target: Target, topic: str, count: int, size: 
 
 def mqtt_qos1_subscriber(run: Run, target: Target, topic: str, count: int, size: int, client_id: str, latency: bool = False) -> None:
     wire = Wire(target.host, target.mqtt_port)
-    mqtt_handshake(wire, client_id)
+    mqtt_handshake(wire, client_id, login=target.login, passcode=target.passcode)
     mqtt_subscribe(wire, topic, 1)
     run.ready_and_wait()
     received = wrong = 0
@@ -212,7 +212,7 @@ def mqtt_qos1_subscriber(run: Run, target: Target, topic: str, count: int, size:
 
 def mqtt_qos1_publisher(run: Run, target: Target, topic: str, count: int, size: int, client_id: str, inflight: int) -> None:
     wire = Wire(target.host, target.mqtt_port)
-    mqtt_handshake(wire, client_id)
+    mqtt_handshake(wire, client_id, login=target.login, passcode=target.passcode)
     payload = payload_of(size)
     packets = [mqtt_publish_bytes(topic, payload, 1, i % 65535 + 1) for i in range(count)]
     buf = wire.buf
@@ -233,7 +233,7 @@ def mqtt_qos1_publisher(run: Run, target: Target, topic: str, count: int, size: 
 def mqtt_paced_publisher(run: Run, target: Target, topic: str, rate: int, duration: float, size: int, client_id: str) -> None:
     """QoS 1 at a fixed rate, each payload starting with its send time (ns)."""
     wire = Wire(target.host, target.mqtt_port)
-    mqtt_handshake(wire, client_id)
+    mqtt_handshake(wire, client_id, login=target.login, passcode=target.passcode)
     count = int(rate * duration)
     pad = payload_of(max(0, size - 8))
     run.ready_and_wait()
@@ -278,7 +278,7 @@ def mqtt_storm(run: Run, target: Target, count: int, prefix: str, finished: Any,
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < count + 64:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 1024), hard))
-    connects = [mqtt_connect_bytes(f"{prefix}-{i}", keep_alive=60) for i in range(count)]
+    connects = [mqtt_connect_bytes(f"{prefix}-{i}", keep_alive=60, login=target.login, passcode=target.passcode) for i in range(count)]
     run.ready_and_wait()
     time.sleep(delay)  # the watcher's quiet baseline first
     t_first = time.monotonic()
@@ -366,7 +366,7 @@ def mqtt_watcher(run: Run, target: Target, topic: str, client_id: str, rate: int
     the parent can compare the latency before and during the storm.
     """
     wire = Wire(target.host, target.mqtt_port)
-    mqtt_handshake(wire, client_id)
+    mqtt_handshake(wire, client_id, login=target.login, passcode=target.passcode)
     mqtt_subscribe(wire, topic, 0)
     run.ready_and_wait()
     samples: list[tuple[float, float]] = []  # (send time, round trip) in seconds

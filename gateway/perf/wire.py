@@ -55,8 +55,10 @@ class Wire:
 # -- MQTT ----------------------------------------------------------------------
 
 
-def mqtt_connect_bytes(client_id: str, keep_alive: int = 60, clean: bool = True) -> bytes:
-    return mq.encode(mq.Connect("MQTT", MQTT_LEVEL, clean, keep_alive, client_id), MQTT_LEVEL)
+def mqtt_connect_bytes(client_id: str, keep_alive: int = 60, clean: bool = True,
+                       login: str | None = None, passcode: str | None = None) -> bytes:
+    password = None if passcode is None else passcode.encode()
+    return mq.encode(mq.Connect("MQTT", MQTT_LEVEL, clean, keep_alive, client_id, login, password), MQTT_LEVEL)
 
 
 def mqtt_publish_bytes(topic: str, payload: bytes, qos: int, packet_id: int | None = None) -> bytes:
@@ -93,8 +95,9 @@ def mqtt_packets(buf: bytearray) -> Iterator[tuple[int, int, int]]:
     del buf[:p]
 
 
-def mqtt_handshake(wire: Wire, client_id: str, keep_alive: int = 60) -> None:
-    wire.send(mqtt_connect_bytes(client_id, keep_alive))
+def mqtt_handshake(wire: Wire, client_id: str, keep_alive: int = 60,
+                   login: str | None = None, passcode: str | None = None) -> None:
+    wire.send(mqtt_connect_bytes(client_id, keep_alive, login=login, passcode=passcode))
     first = mqtt_expect(wire, 0x20)
     if first[1] != 0:
         raise PerfError(f"CONNACK refused {client_id}: return code {first[1]}")

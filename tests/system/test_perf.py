@@ -10,6 +10,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from gateway import compiled
 from gateway.perf.scenarios import SCENARIOS
 from tests.system.test_cli import free_port
 
@@ -58,17 +61,36 @@ def test_unknown_scenario_is_a_usage_error():
     assert "unknown scenario 'mqtt-qos3'" in run.stderr
 
 
-def test_scenarios_on_a_broker_that_streams_every_destination():
-    run = perf("stomp-persistent", "mqtt-qos1", "--start-broker", "--stream", "--count", "2000")
+def test_scenarios_on_a_broker_that_streams_every_destination_with_users_and_rules():
+    run = perf("stomp-persistent", "mqtt-qos1", "--start-broker", "--stream", "--auth", "--count", "2000")
     assert run.returncode == 0, run.stdout + run.stderr
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert [r["scenario"] for r in lines] == ["stomp-persistent", "mqtt-qos1"]
-    assert all(r["verified"] and r["broker"] == "gateway (--start-broker --stream)" for r in lines), lines
+    # The label says how the broker ran: its flags, and compiled or pure Python.
+    label = f"gateway (--start-broker --stream --auth; {compiled.describe().split(' (')[0]})"
+    assert all(r["verified"] and r["broker"] == label for r in lines), lines
 
 
-def test_stream_needs_a_broker_of_its_own():
-    run = perf("mqtt-qos0", "--stream")
-    assert run.returncode == 2 and "--start-broker" in run.stderr
+def test_auth_makes_the_broker_refuse_anonymous_clients():
+    from gateway.perf.command import OwnBroker
+    from gateway.perf.roles import Target
+    from gateway.perf.wire import PerfError, Wire, mqtt_handshake, stomp_handshake
+
+    broker = OwnBroker(auth=True)
+    try:
+        with pytest.raises(PerfError, match="return code 5"):  # CONNACK 5: not authorised
+            mqtt_handshake(Wire("127.0.0.1", broker.mqtt_port), "anonymous")
+        mqtt_handshake(Wire("127.0.0.1", broker.mqtt_port), "perf-user", login=OwnBroker.USER, passcode=broker.password)
+        target = Target("127.0.0.1", broker.stomp_port, broker.mqtt_port, OwnBroker.USER, broker.password)
+        stomp_handshake(Wire(target.host, target.stomp_port), target.login, target.passcode, "perf-stomp")
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("flag", ["--stream", "--auth"])
+def test_stream_and_auth_need_a_broker_of_its_own(flag):
+    run = perf("mqtt-qos0", flag)
+    assert run.returncode == 2 and f"gateway perf: {flag} configures the broker it starts; add --start-broker" in run.stderr
 
 
 def test_a_reconnect_storm_is_accepted_without_overflowing_the_accept_queue():
