@@ -13,6 +13,7 @@ from twisted.logger import Logger
 from core.access import Access, AllowAll
 from core.broker import Broker
 from core.sysinfo import SysPublisher
+from gateway import compiled
 from gateway.admin import admin_site, standby_site
 from gateway.admin.auth import BasicGuard
 from gateway.admin.http import AdminSite
@@ -203,6 +204,7 @@ class Gateway:
         if self.tls is None:  # first: a certificate that cannot be used stops the start, saying why
             self.tls = self._load_tls()
         os.makedirs(self.config.data_dir, exist_ok=True)
+        log.info("hot path: {how}", how=compiled.describe())
         self._build(self._open_store())
         broker, hub, publisher, site = self.broker, self.mqtt_hub, self.sys, self.admin
         assert broker is not None and hub is not None and publisher is not None and site is not None  # built by _build

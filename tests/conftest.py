@@ -7,6 +7,23 @@ import pytest
 from tests.support import BrokerHandle, connect, disconnect, make_config
 
 
+def pytest_sessionstart(session: Any) -> None:
+    """Under GATEWAY_EXPECT_COMPILED=1 (tests/system/test_compiled.py) a pure import is a failure.
+
+    Without this check a compiled run whose extensions failed to load would pass on
+    the .py files beside them and prove nothing.
+    """
+    import os
+
+    if os.environ.get("GATEWAY_EXPECT_COMPILED") == "1":
+        from gateway.compiled import compiled_modules
+
+        expected = os.environ.get("GATEWAY_EXPECT_MODULES", "").split()
+        loaded = compiled_modules()
+        if not loaded or sorted(expected) != loaded:
+            pytest.exit(f"expected compiled modules {sorted(expected)}, found {loaded}", returncode=3)
+
+
 @pytest.fixture
 def broker(tmp_path: Any, request: Any) -> Iterator[BrokerHandle]:
     """A fresh broker; ``@pytest.mark.policy(max_redeliveries=1, ...)`` tunes its policy."""
