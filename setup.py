@@ -97,6 +97,11 @@ class OptionalMypycBuild(build_ext):
         os.chdir(HERE)  # mypyc reads its settings from setup.cfg's [mypy] and names modules by path
         try:
             extensions = mypycify(modules, opt_level="3", debug_level="0", group_name=GROUP)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - mypyc exits on a type error; any failure means pure
+            if REQUIRED:
+                raise
+            _say(f"installing the pure-Python package: mypyc could not translate the modules ({exc})")
+            return []
         finally:
             os.chdir(cwd)
         for ext in extensions:
