@@ -33,7 +33,7 @@ SUBSET = [
     )),
     *(f"tests/integration/test_{name}.py" for name in (
         "stomp_acks", "stomp_topics", "stomp_transactions", "stomp_bad_input", "mqtt_v311", "mqtt_v5",
-        "mqtt_bad_input", "websocket", "persistence_restart", "admin_actions",
+        "mqtt_bad_input", "websocket", "persistence_restart",
     )),
 ]
 
