@@ -63,6 +63,10 @@ def test_run_with_flags_serves_and_shuts_down_cleanly(tmp_path, sig):
     try:
         broker.wait_for_line(f"STOMP listening on 127.0.0.1:{port}")
         assert (tmp_path / "d").is_dir()
+        # It says whether it runs compiled or pure, as the install it imports from this directory is.
+        how = subprocess.run([sys.executable, "-c", "from gateway.compiled import describe; print(describe())"],
+                             cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+        assert broker.wait_for_line("hot path: ").rstrip().endswith(f"hot path: {how}")
         conn = stomp.Connection12([("127.0.0.1", port)])
         got = Collector()
         conn.set_listener("c", got)
