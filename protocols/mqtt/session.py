@@ -527,6 +527,16 @@ class MqttSession:
             names[topic] = destination
         return destination
 
+    def _topic_of(self, destination: str) -> str | None:
+        topics = self.hub.topics
+        if destination in topics:
+            return topics[destination]
+        topic = canonical_to_topic(destination)
+        if len(topics) >= 10_000:
+            topics.clear()  # bounded, as the publish side's names
+        topics[destination] = topic
+        return topic
+
     def _message(self, destination: str, packet: mq.Publish, props: dict[str, Any]) -> Message:
         return build_message(self.broker, destination, packet.payload, packet.qos, packet.retain, props)
 
@@ -591,7 +601,7 @@ class MqttSession:
             key = (_MQTT3, qos, retain, dup)
             parts = cache.get(key)
             if parts is None:
-                topic = canonical_to_topic(message.destination)
+                topic = self._topic_of(message.destination)
                 if topic is None:
                     parts = cache[key] = ()
                 else:
@@ -629,7 +639,7 @@ class MqttSession:
 
     def _encode_v5(self, live: Connected, message: Message, entry: Entry, options: tuple[SubscriptionOptions, ...], qos: int, retain: bool) -> tuple[bytes, int] | None:
         """5.0 bytes for one subscriber (its subscription identifiers and topic alias), or None to skip."""
-        topic = canonical_to_topic(message.destination)
+        topic = self._topic_of(message.destination)
         if topic is None:
             return None
         properties = self._properties(message, options)

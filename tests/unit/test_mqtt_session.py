@@ -278,6 +278,20 @@ def test_qos0_publish_reaches_the_subscriber(world, level):
 
 
 @BOTH
+def test_delivery_topics_are_remembered_within_a_bound_and_stay_right_past_it(world, level):
+    """Deliveries map each destination back to its MQTT topic once; the map is bounded (a fleet's topics)."""
+    sub, pub = world.pair("b/#", 0, level)
+    for i in range(10_050):
+        pub.send(mq.Publish(f"b/{i}/x.y", b"v"))
+    got = sub.received()
+    assert len(got) == 10_050
+    assert [p.topic for p in got[:2]] == ["b/0/x.y", "b/1/x.y"] and got[-1].topic == "b/10049/x.y"
+    assert 0 < len(world.hub.topics) <= 10_000
+    pub.send(mq.Publish("b/0/x.y", b"again"))  # long since dropped from the map: mapped afresh
+    assert sub.received() == [mq.Publish("b/0/x.y", b"again", 0, False, False, None)]
+
+
+@BOTH
 def test_qos1_publish_is_acknowledged_and_delivered_at_qos1(world, level):
     sub, pub = world.pair("s/t", 1, level)
     pub.send(mq.Publish("s/t", b"one", 1, False, False, 7))
