@@ -7,6 +7,16 @@ import { DASH, Rates, Table, age, ask, bytes, h, int, notify, pager, rate, showE
 
 const DEFAULT_SIZE = 100;
 
+// A row's DELETE: what it did (or the API's error) as a note, then the page refreshed.
+async function removeAndSay(ctx, path, say) {
+  try {
+    notify("ok", say(await del(path)));
+  } catch (e) {
+    showError(e);
+  }
+  ctx.refresh();
+}
+
 function listView(ctx, spec) {
   const params = ctx.params;
   const state = {
@@ -140,13 +150,7 @@ export function connectionsView(ctx) {
       input: { label: "Reason", value: "closed by an administrator" },
     });
     if (reason === null) return;
-    try {
-      const done = await del(`connections/${enc(c.id)}${qs({ reason: reason.trim() })}`);
-      notify("ok", `Closed ${done.closed}: ${done.reason}`);
-    } catch (e) {
-      showError(e);
-    }
-    ctx.refresh();
+    await removeAndSay(ctx, `connections/${enc(c.id)}${qs({ reason: reason.trim() })}`, (done) => `Closed ${done.closed}: ${done.reason}`);
   }
   return listView(ctx, {
     name: "connections", title: "Connections", path: "connections", items: "connections", one: "connection", many: "connections",
@@ -191,13 +195,7 @@ export function durablesView(ctx) {
   async function remove(s) {
     const ok = await ask({ title: `Delete durable subscription ${s.key}?`, text: `Its ${int(s.messages)} waiting messages go with it.`, confirm: "Delete", danger: true });
     if (!ok) return;
-    try {
-      await del(`durable-subscriptions/${enc(s.key)}`);
-      notify("ok", `Deleted durable subscription ${s.key}`);
-    } catch (e) {
-      showError(e);
-    }
-    ctx.refresh();
+    await removeAndSay(ctx, `durable-subscriptions/${enc(s.key)}`, () => `Deleted durable subscription ${s.key}`);
   }
   return listView(ctx, {
     name: "durable", title: "Durable subscriptions", path: "durable-subscriptions", items: "durable_subscriptions",
@@ -226,13 +224,7 @@ export function mqttView(ctx) {
   async function end(s) {
     const ok = await ask({ title: `End the MQTT session of ${s.client_id}?`, text: `Its subscriptions and ${int(s.messages)} queued messages go with it; the client's next connection starts a new session.`, confirm: "End session", danger: true });
     if (!ok) return;
-    try {
-      await del(`mqtt-sessions/${enc(s.client_id)}`);
-      notify("ok", `Ended the MQTT session of ${s.client_id}`);
-    } catch (e) {
-      showError(e);
-    }
-    ctx.refresh();
+    await removeAndSay(ctx, `mqtt-sessions/${enc(s.client_id)}`, () => `Ended the MQTT session of ${s.client_id}`);
   }
   return listView(ctx, {
     name: "mqtt", title: "MQTT sessions", path: "mqtt-sessions", items: "mqtt_sessions", one: "session", many: "sessions",
