@@ -56,9 +56,9 @@ class MqttHub:
         ]
         # MQTT topic -> canonical destination, so a repeated topic is mapped once.
         self.destinations: dict[str, str] = {}
-        # The reverse, for deliveries: canonical destination -> MQTT topic (None: MQTT cannot name it).
+        # The reverse, for deliveries: canonical destination -> MQTT topic ("": MQTT cannot name it).
         # str.translate per delivery was a fifth of mqtt-qos0 once the rest was compiled.
-        self.topics: dict[str, str | None] = {}
+        self.topics: dict[str, str] = {}
         # Operators end persistent sessions through the core (the admin API imports no protocol).
         broker.sessions["mqtt"] = self
 

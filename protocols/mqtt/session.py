@@ -529,13 +529,12 @@ class MqttSession:
 
     def _topic_of(self, destination: str) -> str | None:
         topics = self.hub.topics
-        if destination in topics:
-            return topics[destination]
-        topic = canonical_to_topic(destination)
-        if len(topics) >= 10_000:
-            topics.clear()  # bounded, as the publish side's names
-        topics[destination] = topic
-        return topic
+        topic = topics.get(destination)
+        if topic is None:
+            if len(topics) >= 10_000:
+                topics.clear()  # bounded, as the publish side's names
+            topic = topics[destination] = canonical_to_topic(destination) or ""
+        return topic or None  # "": MQTT cannot name it
 
     def _message(self, destination: str, packet: mq.Publish, props: dict[str, Any]) -> Message:
         return build_message(self.broker, destination, packet.payload, packet.qos, packet.retain, props)

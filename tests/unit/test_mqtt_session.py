@@ -292,6 +292,19 @@ def test_delivery_topics_are_remembered_within_a_bound_and_stay_right_past_it(wo
 
 
 @BOTH
+def test_a_topic_mqtt_cannot_name_is_skipped_each_time_and_others_still_come(world, level):
+    """A STOMP topic with a level holding '#' has no MQTT name: not delivered, first time or remembered."""
+    from core.message import Message
+
+    sub = world.subscriber("sub", "b/#", 0, level)
+    for body in (b"one", b"two"):
+        world.broker.send(Message(world.broker.new_message_id(), "topic://b.x#y", body, {}))
+    world.broker.send(Message(world.broker.new_message_id(), "topic://b.ok", b"named", {}))
+    assert [(p.topic, p.payload) for p in sub.received()] == [("b/ok", b"named")]
+    assert world.hub.topics["topic://b.x#y"] == ""
+
+
+@BOTH
 def test_qos1_publish_is_acknowledged_and_delivered_at_qos1(world, level):
     sub, pub = world.pair("s/t", 1, level)
     pub.send(mq.Publish("s/t", b"one", 1, False, False, 7))
