@@ -11,9 +11,10 @@ each destination's records stay in order in one partition.
 Appends are gathered per partition during a reactor turn and written by a
 ``before_flush`` hook into the same store batch as the turn's persistent
 messages: a receipt or PUBACK released after that batch covers the record
-too.  Readers only ever see what is written (``Partition.end``), so a record
-once served is the same record after any crash, and offsets are never
-reused.
+too.  Readers only ever see what is on disk (``Partition.end`` moves once
+the batch is synced; ``written`` is where the next batch starts), so a
+record once served is the same record after any crash, and offsets are
+never reused.
 
 Chunks: each flush writes one Arrow batch per partition (core/records.py).
 Small ones are remembered (the "tail") and, once together they reach
@@ -153,7 +154,7 @@ class _Small:
 
 class Partition:
     __slots__ = (
-        "stream", "index", "first", "end", "bytes", "last_ts", "messages",
+        "stream", "index", "first", "end", "written", "bytes", "last_ts", "messages",
         "tail", "tail_records", "tail_bytes", "tail_data",
     )
 
@@ -161,7 +162,8 @@ class Partition:
         self.stream = stream
         self.index = index
         self.first = 0   # earliest offset kept
-        self.end = 0     # offsets below it are written (what readers may see)
+        self.end = 0     # offsets below it are on disk (what readers may see)
+        self.written = 0  # offsets below it are in the store's batches (synced or not)
         self.bytes = 0   # stored chunk bytes
         self.last_ts = 0
         # This turn's appends: only a reference each on the hot path; the
@@ -175,7 +177,7 @@ class Partition:
     @property
     def next(self) -> int:
         """The offset the next append gets: after the written records and this turn's."""
-        return self.end + len(self.messages)
+        return self.written + len(self.messages)
 
     def _timestamps(self, messages: list[Message], now_ms: int) -> list[int]:
         """Each message's broker timestamp (when it arrived), never below the one before."""
@@ -197,7 +199,7 @@ class Partition:
             return None
         self.messages = []
         stream = self.stream.name
-        base = self.end
+        base = self.written
         timestamps = self._timestamps(messages, now_ms)
         batch = build_batch(
             base, timestamps, [m.destination for m in messages], [m.id for m in messages],
@@ -224,12 +226,12 @@ class Partition:
             tail[-1].size = len(data)
             self.tail_bytes += len(data)
             self.bytes += len(data)
-        self.end = base + len(messages)
+        self.written = base + len(messages)
         self.save(store)
         return base, messages, timestamps
 
     def save(self, store: Store) -> None:
-        store.put_record(STREAM_STATE_KIND, f"{self.stream.name}\0{self.index}", _STATE.pack(self.first, self.end, self.bytes))
+        store.put_record(STREAM_STATE_KIND, f"{self.stream.name}\0{self.index}", _STATE.pack(self.first, self.written, self.bytes))
 
     def forget_small(self, base: int) -> None:
         """Retention removed the chunk at ``base``: stop tracking it for merges."""
@@ -486,6 +488,7 @@ class StreamSet:
 
     def _written(self, written: list[tuple[Partition, int, list[Message], list[int]]]) -> None:
         for partition, base, messages, timestamps in written:
+            partition.end = base + len(messages)  # on disk: readers may have it
             stream = partition.stream
             for feed in list(stream.feeds):
                 try:
@@ -584,6 +587,7 @@ class StreamSet:
                 if index < len(stream.partitions):
                     p = stream.partitions[index]
                     p.first, p.end, p.bytes = _STATE.unpack(raw)
+                    p.written = p.end
                     last = None
                     for _, data in store.iter_chunks(stream.name, index, max(p.end - 1, 0)):
                         last = data

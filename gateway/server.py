@@ -97,7 +97,7 @@ class Gateway:
         groups = [GroupConfig(name, list(patterns)) for name, patterns in persistence.groups.items()]
         return RocksStore(
             self.store_path, groups, sync=persistence.sync, max_batch=persistence.max_batch,
-            schedule=self._soon,
+            schedule=self._soon, background=self._in_thread,
         )
 
     def _open_spill(self) -> Store | None:
@@ -111,6 +111,18 @@ class Gateway:
     def _soon(self, work: Callable[[], None]) -> None:
         """Run ``work`` in the next reactor turn (the store's batch flush, the broker's deferred work)."""
         self.reactor.callLater(0, work)
+
+    def _in_thread(self, work: Callable[[], None], done: Callable[[BaseException | None], None]) -> None:
+        """Run ``work`` on the reactor's thread pool, then ``done`` back on the reactor thread (the store's fsync)."""
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                work()
+            except BaseException as exc:  # handed to ``done``: the store decides what a failed sync means
+                error = exc
+            self.reactor.callFromThread(done, error)
+
+        self.reactor.callInThread(run)
 
     def _build(self, store: Store) -> None:
         config = self.config

@@ -16,16 +16,24 @@ destinations already stored stay readable where they are.
 
 Group commit
   Writes go into one WriteBatch; ``when_durable`` callbacks wait for it.  The
-  batch is written with ``sync`` once per reactor turn (``schedule`` arranges
-  the call), or at once when it reaches ``max_batch`` operations, so no turn
-  blocks long: rocksdict holds the GIL for the whole write, fsync included.
+  batch is written once per reactor turn (``schedule`` arranges the call), or
+  at once when it reaches ``max_batch`` operations.  A synced write holds the
+  GIL for the whole fsync (rocksdict), so with a ``background`` runner the
+  turn writes without syncing and the WAL's fsync (``flush_wal``, which lets
+  the GIL go) runs on a worker thread, one at a time: turns go on reading and
+  writing while the disk syncs, the next sync covers everything written
+  meanwhile, and callbacks are released in order once a sync that began after
+  their batch was written has finished.  An explicit ``flush()`` still writes
+  and syncs at once (shutdown, and readers that want every callback released).
 """
 from __future__ import annotations
 
 import fnmatch
 import os
 import struct
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Literal, cast, overload
 
@@ -51,6 +59,10 @@ _PARTITION = struct.Struct(">I")
 _META = "meta"
 _DEFAULT = "default"
 _DEST_INDEX = b"dest\x00"
+
+
+# Runs ``work`` on a worker thread, then ``done`` on the reactor thread with the error it raised, if any.
+Background = Callable[[Callable[[], None], Callable[[BaseException | None], None]], None]
 
 
 class StoreLocked(StoreError):
@@ -111,12 +123,14 @@ class RocksStore(Store):
         sync: bool = True,
         schedule: Callable[[Callable[[], None]], None] | None = None,
         max_batch: int = 2000,
+        background: Background | None = None,
     ) -> None:
         self.path = path
         self.groups = list(groups or [])
         self.sync = sync
         self._schedule = schedule
         self.max_batch = max_batch
+        self._background = background if sync else None
         os.makedirs(path, exist_ok=True)
         existing = set(Rdict.list_cf(path, _options())) if os.path.exists(os.path.join(path, "CURRENT")) else set()
         wanted = {_META, _DEFAULT} | {f"group.{g.name}" for g in self.groups} | existing
@@ -135,7 +149,14 @@ class RocksStore(Store):
         for key, value in _raw_items(self._meta, _DEST_INDEX, bound):
             self._dest_family[key[len(_DEST_INDEX):].decode()] = value.decode()
         self._write_opt = WriteOptions()
-        self._write_opt.sync = sync
+        self._write_opt.sync = sync and background is None
+        # Pipelined sync (with ``background``): batches written but not yet synced, as
+        # (write number, their callbacks), oldest first; one sync runs at a time.
+        self._written = 0
+        self._unsynced: deque[tuple[int, list[Callable[[], None]]]] = deque()
+        self._syncing = False
+        self._sync_lock = threading.Lock()
+        self._sync_failed: BaseException | None = None
         self._batch = WriteBatch(raw_mode=True)
         self._ops = 0
         self._callbacks: list[Callable[[], None]] = []
@@ -189,6 +210,8 @@ class RocksStore(Store):
     def _check(self) -> None:
         if self._closed:
             raise StoreError("store is closed")
+        if self._sync_failed is not None:
+            raise StoreError(f"the write-ahead log could not be synced: {self._sync_failed}")
 
     def _put(self, handle: ColumnFamily | None, key: bytes, value: bytes) -> None:
         self._check()
@@ -207,7 +230,7 @@ class RocksStore(Store):
         # Not from inside flush's hooks: a batch written half way through them
         # would release callbacks before the rest of their writes (stream records).
         if self._ops >= self.max_batch and not self._flushing:
-            self.flush()
+            self._flush(wait=False)
         elif not self._flush_scheduled:
             self._arrange_flush()
 
@@ -220,7 +243,7 @@ class RocksStore(Store):
     def _scheduled_flush(self) -> None:
         self._flush_scheduled = False
         if not self._closed:
-            self.flush()
+            self._flush(wait=False)
 
     # -- Store interface ------------------------------------------------------
 
@@ -282,7 +305,7 @@ class RocksStore(Store):
 
     def when_durable(self, callback: Callable[[], None]) -> None:
         # Immediate only when nothing is waiting: acknowledgements keep their order.
-        if not self._ops and not self._callbacks and not self._hooks:
+        if not self._ops and not self._callbacks and not self._hooks and not self._unsynced:
             callback()
             return
         self._callbacks.append(callback)
@@ -295,6 +318,10 @@ class RocksStore(Store):
             self._arrange_flush()
 
     def flush(self) -> None:
+        self._flush(wait=True)
+
+    def _flush(self, wait: bool) -> None:
+        """Write the pending batch; ``wait``: also sync now and release every callback."""
         hooks, self._hooks = self._hooks, []
         self._flushing = True
         try:
@@ -310,7 +337,55 @@ class RocksStore(Store):
             self.write_seconds.observe(time.perf_counter() - started)
             self.batch_ops.observe(ops)
             self.batches_written += 1
+            self._written += 1
         callbacks, self._callbacks = self._callbacks, []
+        if self._background is None:
+            self._release(callbacks)
+            return
+        if callbacks:
+            self._unsynced.append((self._written, callbacks))
+        if wait:
+            if self._unsynced:
+                with self._sync_lock:
+                    self.db.flush_wal(True)
+                self._synced(self._written)
+        elif self._unsynced and not self._syncing:
+            self._start_sync()
+
+    def _start_sync(self) -> None:
+        assert self._background is not None
+        self._syncing = True
+        target = self._written
+        self._background(self._sync_wal, lambda error: self._sync_done(target, error))
+
+    def _sync_wal(self) -> None:
+        """On a worker thread: fsync the write-ahead log (every write made so far)."""
+        with self._sync_lock:
+            if not self._closed:
+                self.db.flush_wal(True)
+
+    def _sync_done(self, target: int, error: BaseException | None) -> None:
+        self._syncing = False
+        if self._closed:
+            return
+        if error is not None:
+            # Data the kernel could not write may be gone (fsync does not report it twice):
+            # nothing more is confirmed, and every later write fails, as PostgreSQL does.
+            self._sync_failed = error
+            log.critical("the write-ahead log could not be synced; the store refuses writes: {e}", e=error)
+            return
+        self._synced(target)
+        if self._unsynced:
+            self._start_sync()
+
+    def _synced(self, target: int) -> None:
+        """Everything up to write ``target`` is on disk: release what waited for it, in order."""
+        unsynced = self._unsynced
+        while unsynced and unsynced[0][0] <= target:
+            self._release(unsynced.popleft()[1])
+
+    @staticmethod
+    def _release(callbacks: list[Callable[[], None]]) -> None:
         for callback in callbacks:
             try:
                 callback()
@@ -405,7 +480,10 @@ class RocksStore(Store):
         if self._closed:
             return
         self.flush()
-        self._closed = True
+        with self._sync_lock:  # a sync still running on its worker thread finishes first
+            if self._background is not None and self._sync_failed is None:
+                self.db.flush_wal(True)  # writes no callback waited for, too
+            self._closed = True
         # The LOCK is only released once no column-family handle is alive.
         self._families.clear()
         # Dropped, not set to None: every method checks _closed before it would use them.

@@ -104,6 +104,112 @@ def test_large_batches_are_written_without_waiting_for_the_turn(path):
     store.close()
 
 
+class Worker:
+    """A background runner whose jobs run when the test says: a sync "still on the disk" is one not yet run."""
+
+    def __init__(self) -> None:
+        self.jobs = []
+
+    def __call__(self, work, done) -> None:
+        self.jobs.append((work, done))
+
+    def finish(self, error: BaseException | None = None) -> None:
+        work, done = self.jobs.pop(0)
+        if error is None:
+            work()
+        done(error)
+
+
+def test_pipelined_sync_releases_callbacks_only_after_a_sync_begun_after_their_write(path):
+    turns, worker = [], Worker()
+    store = RocksStore(path, schedule=turns.append, background=worker)
+    answered = []
+    store.put_message("queue://q", 1, b"a")
+    store.when_durable(lambda: answered.append("first"))
+    turns.pop()()
+    # Written (readable) but not yet synced: nothing confirmed, one sync under way.
+    assert store.get_message("queue://q", 1) == b"a" and answered == [] and len(worker.jobs) == 1
+    store.put_message("queue://q", 2, b"b")
+    store.when_durable(lambda: answered.append("second"))
+    turns.pop()()
+    assert answered == [] and len(worker.jobs) == 1  # one sync at a time; the next covers batch 2
+    worker.finish()
+    assert answered == ["first"] and len(worker.jobs) == 1
+    # Nothing new is written, but "third" still waits behind "second".
+    store.when_durable(lambda: answered.append("third"))
+    assert answered == ["first"]
+    turns.pop()()
+    worker.finish()
+    assert answered == ["first", "second", "third"] and worker.jobs == []
+    store.when_durable(lambda: answered.append("fourth"))  # nothing waiting: at once
+    assert answered[-1] == "fourth"
+    store.close()
+
+
+def one_batch_awaiting_its_sync(path):
+    """A pipelined store with message 1 written, its callback waiting for the sync under way."""
+    worker = Worker()
+    store = RocksStore(path, schedule=lambda flush: None, background=worker)
+    answered = []
+    store.put_message("queue://q", 1, b"a")
+    store.when_durable(lambda: answered.append(1))
+    store._scheduled_flush()
+    assert answered == [] and len(worker.jobs) == 1
+    return store, worker, answered
+
+
+def test_explicit_flush_syncs_at_once_and_a_late_sync_changes_nothing(path):
+    store, worker, answered = one_batch_awaiting_its_sync(path)
+    store.put_message("queue://q", 2, b"b")
+    store.when_durable(lambda: answered.append(2))
+    store.flush()
+    assert answered == [1, 2]
+    worker.finish()
+    assert answered == [1, 2] and worker.jobs == []
+    store.close()
+    gc.collect()
+    reopened = RocksStore(path)
+    assert [seq for seq, _ in reopened.iter_messages("queue://q")] == [1, 2]
+    reopened.close()
+
+
+def test_a_failed_sync_confirms_nothing_more_and_refuses_writes(path):
+    store, worker, answered = one_batch_awaiting_its_sync(path)
+    worker.finish(OSError(5, "Input/output error"))
+    assert answered == []
+    with pytest.raises(StoreError, match="could not be synced: .*Input/output error"):
+        store.put_message("queue://q", 2, b"b")
+    store.close()
+
+
+def test_close_waits_for_a_sync_on_its_worker_thread(path):
+    import threading
+    import time
+
+    started, results = threading.Event(), []
+
+    def slow_worker(work, done):
+        def run():
+            store._sync_lock.acquire()
+            started.set()
+            time.sleep(0.2)  # the disk is slow: close must not pull the database from under the sync
+            results.append("sync ended")
+            store._sync_lock.release()
+            work()  # after close: does nothing
+        threading.Thread(target=run).start()
+
+    turns = []
+    store = RocksStore(path, schedule=turns.append, background=slow_worker)
+    store.put_message("queue://q", 1, b"a")
+    store.when_durable(lambda: None)
+    turns.pop()()
+    started.wait(5)
+    store.close()
+    results.append("closed")
+    time.sleep(0.05)
+    assert results == ["sync ended", "closed"]
+
+
 def test_second_opener_is_told_the_store_is_locked(path):
     store = RocksStore(path)
     with pytest.raises(StoreLocked):

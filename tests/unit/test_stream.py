@@ -134,6 +134,28 @@ def test_readers_see_only_written_records(world):
     assert w.records().column("body").to_pylist() == [b"1", b"2"]
 
 
+def test_readers_wait_for_the_sync_of_a_pipelined_store(world, tmp_path):
+    """Records written but not yet synced are not served: a crash could still take them back."""
+    jobs = []
+    w = world()
+    w.store.close()
+    gc.collect()
+    w.store = RocksStore(str(tmp_path / "pipelined"), schedule=lambda f: None, background=lambda work, done: jobs.append((work, done)))
+    w.broker = Broker(w.store, w.clock, Policy(stream_retention_interval=0), streams=w.specs)
+    w.broker.start()
+    w.conn = w.broker.connect("producer")
+    w.send("topic://sensors.a", b"1")
+    w.store._flush(wait=False)  # the turn's write, without its sync
+    p = w.stream().partitions[0]
+    assert (p.first, p.end, p.written) == (0, 0, 1)
+    with pytest.raises(OffsetOutOfRange):
+        w.stream().read(0, 1)
+    work, done = jobs.pop()
+    work()
+    done(None)
+    assert p.end == 1 and w.records().column("body").to_pylist() == [b"1"]
+
+
 def test_small_turns_are_merged_into_large_chunks(world):
     w = world()
     n = CHUNK_RECORDS * 2 + 100
