@@ -38,12 +38,21 @@ class Access(Protocol):
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         """``destination`` is canonical (``topic://a.b``, ``queue://q``, ``stream://s``)."""
 
+    @property
+    def version(self) -> int:
+        """Changes whenever the rules do (a reload): a session may remember a decision about a
+        topic, which depends on nothing else, for as long as this stays the same."""
+
 
 class AllowAll:
     """No rules configured and anonymous access allowed (the loopback default): everything is allowed."""
 
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         return True
+
+    @property
+    def version(self) -> int:
+        return 0
 
 
 # Rules: who may do what with which destinations ([[auth.rules]] in the configuration).
@@ -211,7 +220,12 @@ class Rules:
 
     def __init__(self, rules: list[Rule]) -> None:
         self._cache: dict[tuple[Principal, Permission, str, str | None], bool] = {}
+        self._version = 0
         self.replace(rules)
+
+    @property
+    def version(self) -> int:
+        return self._version
 
     def replace(self, rules: list[Rule]) -> None:
         """New rules (a reload): every session holding this object checks by them from now on."""
@@ -226,6 +240,7 @@ class Rules:
                 for permission in rule.permissions:
                     self._compiled[permission].setdefault(kind, []).append((rule.who, rule.allow, pattern))
         self._cache.clear()
+        self._version += 1
 
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         key = (principal, permission, destination, client_id)
@@ -272,6 +287,10 @@ class DeadLetterAccess:
         self.access = access
         self.is_dead_letter_queue = is_dead_letter_queue
 
+    @property
+    def version(self) -> int:
+        return self.access.version
+
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         if not self.access.allowed(principal, permission, destination, client_id):
             return False
@@ -294,6 +313,10 @@ class CreationAccess:
     def __init__(self, access: Access, exists: Callable[[str], bool] | None = None) -> None:
         self.access = access
         self.exists: Callable[[str], bool] = exists or (lambda destination: True)
+
+    @property
+    def version(self) -> int:
+        return self.access.version
 
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         if not self.access.allowed(principal, permission, destination, client_id):

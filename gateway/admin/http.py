@@ -71,6 +71,10 @@ class _Nothing:
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         return False
 
+    @property
+    def version(self) -> int:
+        return 0
+
 
 # A public route's request (health checks from load balancers): no credentials asked, and no permission.
 PUBLIC = Grant(ANONYMOUS, _Nothing())

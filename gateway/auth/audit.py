@@ -47,6 +47,10 @@ class AuditedAccess:
         self.access = access
         self.audit = audit
 
+    @property
+    def version(self) -> int:
+        return self.access.version
+
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         if self.access.allowed(principal, permission, destination, client_id):
             return True

@@ -111,7 +111,8 @@ class MqttSession:
     # slots keep it a few hundred bytes where a dict of 30 attributes takes 1.5 KB.
     __slots__ = (
         "hub", "broker", "settings", "transport", "remote", "decoder", "level", "phase", "principal", "_waiting",
-        "_auth_paused", "_checked", "live", "will", "label", "keep_alive", "problem_information",
+        "_auth_paused", "_checked", "_published_to", "_published_version", "live", "will", "label", "keep_alive",
+        "problem_information",
         "peer_receive_maximum", "peer_max_packet", "peer_alias_max", "_timer", "_deadline", "_last_read", "closed",
         "normal_disconnect", "_inflight", "_send_quota", "_transport_paused", "_held", "_refusal", "close_reason",
     )
@@ -130,6 +131,9 @@ class MqttSession:
         self._auth_paused = False
         # With no rules everything is allowed: the checks are skipped, not made.
         self._checked = not isinstance(hub.access, AllowAll)
+        # The last topic this client was allowed to publish to, under which version of the rules.
+        self._published_to = ""
+        self._published_version = -1
         if not isinstance(hub.authenticator, Anonymous):
             # Until it has logged in, a client may send one small packet (its CONNECT).
             self.decoder.connect_max_size = self.settings.max_connect_size
@@ -425,6 +429,24 @@ class MqttSession:
 
     # -- publishing (client -> broker) -------------------------------------
 
+    def _may_publish(self, destination: str, client_id: str) -> bool:
+        """The rules' WRITE check, remembered for the last topic allowed.
+
+        A device publishes to one topic over and over, and for a topic the
+        decision depends on nothing but the rules (queues also on whether
+        they exist, and DLQs on admin), so it stands until they are reloaded.
+        """
+        access = self.hub.access
+        version = access.version
+        if destination == self._published_to and version == self._published_version:
+            return True
+        if not access.allowed(self.principal, Permission.WRITE, destination, client_id):
+            return False
+        if destination.startswith("topic://"):
+            self._published_to = destination
+            self._published_version = version
+        return True
+
     def _on_publish(self, live: Connected, packet: mq.Publish) -> None:
         props = packet.properties
         topic = packet.topic
@@ -460,7 +482,7 @@ class MqttSession:
         stored_before = usage.bytes
         try:
             destination = self._publish_destination(topic)
-            if self._checked and not self.hub.access.allowed(self.principal, Permission.WRITE, destination, live.client.client_id):
+            if self._checked and not self._may_publish(destination, live.client.client_id):
                 log.info(
                     "[{label}] {user} may not publish to {topic!r}: dropped", label=self.label,
                     user=self.principal.name or "anonymous", topic=topic,

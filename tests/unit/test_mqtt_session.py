@@ -669,6 +669,8 @@ class SensorsOnly:
     def allowed(self, principal: Any, permission: Any, destination: str, client_id: Any = None) -> bool:
         return destination.startswith("topic://sensors.")
 
+    version = 0
+
 
 def secured_world(authenticator: Any = None, access: Any = None) -> World:
     from protocols.auth import Anonymous
@@ -732,6 +734,47 @@ def test_denied_publish_and_subscribe(level):
     c.send(mq.Publish("sensors/a", b"ok", 1, False, packet_id=4))
     assert mq.Puback(4) in c.received()
     assert [p.payload for p in sub.received()] == [b"ok"]
+
+
+class CountedRules:
+    """The real rules, counting the checks that reach them."""
+
+    def __init__(self, rules: list) -> None:
+        from core.access import Rules
+
+        self.rules = Rules(rules)
+        self.checks = 0
+
+    @property
+    def version(self) -> int:
+        return self.rules.version
+
+    def allowed(self, principal: Any, permission: Any, destination: str, client_id: Any = None) -> bool:
+        self.checks += 1
+        return self.rules.allowed(principal, permission, destination, client_id)
+
+
+@BOTH
+def test_a_publish_check_is_remembered_per_topic_until_the_rules_are_reloaded(level):
+    from core.access import Permission, Rule
+
+    allow = Rule("*", True, frozenset({Permission.READ, Permission.WRITE}), ("topic://sensors.>",))
+    deny = Rule("*", False, frozenset({Permission.WRITE}), ("topic://sensors.b",))
+    access = CountedRules([allow])
+    world = secured_world(access=access)
+    sub = world.subscriber("watcher", "sensors/#", 1, level)
+    c = world.connected("dev1", level)
+    checks = access.checks
+    for n, topic in enumerate(["sensors/a", "sensors/a", "sensors/b", "sensors/b", "sensors/b"]):
+        c.send(mq.Publish(topic, b"%d" % n, 1, False, packet_id=n + 1))
+    assert access.checks - checks == 2  # one per change of topic
+    assert [p.payload for p in sub.received()] == [b"0", b"1", b"2", b"3", b"4"]
+    # A reload (SIGHUP) that denies sensors/b: the remembered decision goes with the old rules.
+    access.rules.replace([allow, deny])
+    c.send(mq.Publish("sensors/b", b"denied", 1, False, packet_id=10))
+    assert sub.received() == [] and access.checks - checks == 3
+    c.send(mq.Publish("sensors/a", b"still", 1, False, packet_id=11))
+    assert [p.payload for p in sub.received()] == [b"still"]
 
 
 @BOTH

@@ -218,6 +218,8 @@ class DenyQueue:
     def allowed(self, principal, permission, destination, client_id=None):
         return not destination.startswith("queue://secret")
 
+    version = 0
+
 
 def test_denied_send_and_subscribe_get_an_error_naming_the_destination_with_the_receipt():
     from protocols.auth import Anonymous
