@@ -8,6 +8,12 @@ write: no closure and no transport call per frame, and the frames keep the
 order they were produced in.  Everything gathered was produced before the
 hand-over, so the store's promise covers all of it.
 
+A delivery of an entry that is not stored (a topic's message to a
+non-durable subscriber) depends on nothing on disk: when nothing it
+gathered needs the disk and nothing handed over earlier is still waiting,
+it is written at once, not after an fsync that only other clients (or the
+stream the message was also recorded in) wait for.
+
 The turn's end is the broker's ``TurnEnd`` (core/turn.py).
 """
 from __future__ import annotations
@@ -23,7 +29,7 @@ HAND_OVER_BYTES = 65536
 
 
 class Outbox:
-    __slots__ = ("_turn", "_when_durable", "_write", "_held", "_queued", "_bytes")
+    __slots__ = ("_turn", "_when_durable", "_write", "_held", "_queued", "_bytes", "_durable", "_waiting")
 
     def __init__(self, turn: TurnEnd, when_durable: Callable[[Callable[[], None]], None], write: Callable[[bytes], None]) -> None:
         self._turn = turn
@@ -32,10 +38,15 @@ class Outbox:
         self._held: list[bytes] = []
         self._queued = False
         self._bytes = 0
+        self._durable = False  # something gathered must wait for the disk
+        self._waiting = 0      # hand-overs still waiting for it (later ones queue behind them)
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes, durable: bool = True) -> None:
+        """``durable``: the frame must wait for the store (False only for deliveries of unstored entries)."""
         self._held.append(data)
         self._bytes += len(data)
+        if durable:
+            self._durable = True
         if self._bytes >= HAND_OVER_BYTES:
             self.submit()
         elif not self._queued:
@@ -51,5 +62,13 @@ class Outbox:
         self._held = []
         self._bytes = 0
         data = held[0] if len(held) == 1 else b"".join(held)
-        write = self._write
-        self._when_durable(lambda: write(data))
+        if not self._durable and not self._waiting:
+            self._write(data)
+            return
+        self._durable = False
+        self._waiting += 1
+        self._when_durable(lambda: self._release(data))
+
+    def _release(self, data: bytes) -> None:
+        self._waiting -= 1
+        self._write(data)

@@ -633,18 +633,18 @@ class MqttSession:
                 data = parts[0] + parts[1]
                 if len(data) > self.peer_max_packet:
                     return True
-                # After the batch holding anything before it is on disk (order).
-                live.outbox.add(data)
+                # A stored entry's delivery waits for its delivered mark; any waits behind what went before.
+                live.outbox.add(data, entry.stored)
                 return True
             pid = live.client.packet_id_for(entry.seq)
             data = b"".join((parts[0], pid.to_bytes(2, "big"), parts[1]))
             if len(data) > self.peer_max_packet:
                 return True
-            live.outbox.add(data)
+            live.outbox.add(data, entry.stored)
             self._track(live, consumer, tag, entry, pid)
             return False
         # After the batch holding its delivered mark (and anything before it) is on disk.
-        live.outbox.add(encoded[0])
+        live.outbox.add(encoded[0], entry.stored)
         if not qos:
             return True
         self._track(live, consumer, tag, entry, encoded[1])

@@ -620,8 +620,9 @@ class StompSession:
         if entry.redeliveries:
             parts.append(b"redelivered:true\nredelivery-count:%d\n" % entry.redeliveries)
         parts.append(self._message_tail(message))
-        # After the batch holding its delivered mark (and anything before it) is on disk.
-        outbox.add(b"".join(parts))
+        # After the batch holding its delivered mark (and anything before it) is on disk;
+        # an unstored entry (a topic's message) has no mark, and waits only behind what went before.
+        outbox.add(b"".join(parts), entry.stored)
 
     def _message_tail(self, message: Message) -> bytes:
         """Everything after the per-subscriber headers: built once per message and escaping."""

@@ -76,3 +76,30 @@ def test_submit_hands_over_at_once_before_an_error_frame():
     for run in deferred:
         run()  # the turn's own call finds nothing left
     assert writes == [b"MESSAGE", b"ERROR"]
+
+
+def test_unstored_deliveries_do_not_wait_for_a_sync_they_do_not_need():
+    """A topic's message to a non-durable subscriber goes out while other clients' fsync runs."""
+    deferred, store, writes, box = setup()
+    store.dirty = True  # someone else's batch (or the stream's records) awaits its fsync
+    box.add(b"m1", durable=False)
+    box.add(b"m2", durable=False)
+    deferred.pop()()
+    assert writes == [b"m1m2"]
+
+
+def test_an_unstored_delivery_never_overtakes_what_waits_for_the_disk():
+    deferred, store, writes, box = setup()
+    store.dirty = True
+    box.add(b"puback")                    # must wait for the sync
+    box.add(b"m1", durable=False)         # gathered with it: waits with it
+    deferred.pop()()
+    box.add(b"m2", durable=False)         # a later turn: still behind the PUBACK
+    deferred.pop()()
+    assert writes == []
+    store.flush()
+    assert writes == [b"pubackm1", b"m2"]
+    box.add(b"m3", durable=False)         # nothing waits any more: at once
+    store.dirty = True
+    deferred.pop()()
+    assert writes == [b"pubackm1", b"m2", b"m3"]
