@@ -388,12 +388,14 @@ class StompSession:
     def _on_disconnect(self, live: Connected, frame: Frame) -> None:
         receipt = frame.headers.get("receipt")
         if receipt is not None:
-            # The receipt once what came before is on disk; the close on the next
-            # turn, since closing redelivers and durable callbacks must not dispatch.
+            # The receipt once what came before is on disk, and only after the close
+            # has given back what the client held (its unacked messages, its client-id):
+            # a client that reconnects at once finds them.  The close on the next turn,
+            # since closing redelivers and durable callbacks must not dispatch.
             self.phase = Phase.DISCONNECTING
-            live.outbox.add(encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version))
             live.outbox.submit()
-            live.conn.when_durable(lambda: self.broker.clock.callLater(0, self._close))
+            last = encode_frame("RECEIPT", (("receipt-id", receipt),), version=self.version)
+            live.conn.when_durable(lambda: self.broker.clock.callLater(0, self._close, last))
         else:
             self._close()
 
@@ -768,12 +770,15 @@ class StompSession:
             self.close_reason = "shutdown"
             self._fail(reason, "the broker is shutting down; reconnect later")
 
-    def _close(self) -> None:
+    def _close(self, last: bytes = b"") -> None:
+        """``last``: a frame written once the core has closed the connection (DISCONNECT's receipt)."""
         if self.closed:
             return
         if self.live is not None:
             self.live.outbox.submit()  # what this turn gathered goes out before the close
         self._release()
+        if last:
+            self.transport.write(last)
         self.transport.close()
 
     def _release(self) -> None:
