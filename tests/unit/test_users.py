@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 
@@ -89,15 +88,17 @@ def test_unknown_users_cost_what_known_ones_do():
     users = Users({"alice": PasswordHash.make(b"right", cost)})
     assert users.dummy.cost == cost and not users.hash_for("nobody").verify(b"right")
 
-    def median(name: str) -> float:
+    def fastest(name: str) -> float:
+        # The fastest of several: other work on the machine only ever adds time
+        # (a median failed once while a compiler ran beside the suite).
         times = []
         for _ in range(7):
             started = time.perf_counter()
             users.hash_for(name).verify(b"wrong")
             times.append(time.perf_counter() - started)
-        return statistics.median(times)
+        return min(times)
 
-    known, unknown = median("alice"), median("nobody")
+    known, unknown = fastest("alice"), fastest("nobody")
     assert 0.5 < unknown / known < 2.0, (known, unknown)
 
 
