@@ -6,7 +6,6 @@ client held but did not acknowledge.
 """
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from core import destination as dest
@@ -28,6 +27,12 @@ from core.topic import Subscription
 if TYPE_CHECKING:
     from core.stream import Stream
     from core.stream_feed import StreamFeed
+
+
+class Closer(Protocol):
+    """The session of a connection, which can end it telling the client why (the core imports no protocol)."""
+
+    def close_by_admin(self, reason: str) -> None: ...
 
 
 class Host(QueueHost, Protocol):
@@ -98,8 +103,8 @@ class Transaction:
 class Connection:
     # One per client connection: slots, for the memory of many idle ones.
     __slots__ = (
-        "broker", "id", "client_id", "protocol", "remote", "user", "writable", "consumers", "subscriptions",
-        "transactions", "temp_queues", "feeds", "closed", "_consumer_ids", "since_ms", "messages_in",
+        "broker", "id", "client_id", "protocol", "remote", "user", "writable", "consumers", "_subscriptions",
+        "_transactions", "_temp_queues", "_feeds", "closed", "_consumers_made", "since_ms", "messages_in",
         "messages_out", "closer",
     )
 
@@ -113,20 +118,42 @@ class Connection:
         # False while the client's socket cannot take more: consumers then have no credit.
         self.writable = True
         self.consumers: dict[str, Consumer] = {}
-        self.subscriptions: dict[Consumer, Subscription] = {}
-        self.transactions: dict[str, Transaction] = {}
-        self.temp_queues: dict[str, None] = {}  # keys only: a dict is 64 bytes empty, a set 216
-        self.feeds: dict[Consumer, "StreamFeed"] = {}
+        # The rest is made on first use: an empty dict is 64 bytes, and an idle
+        # connection (most of 10,000 devices) has no topic subscription, stream
+        # feed, transaction or temporary queue.
+        self._subscriptions: dict[Consumer, Subscription] | None = None
+        self._transactions: dict[str, Transaction] | None = None
+        self._temp_queues: dict[str, None] | None = None  # keys only: a dict is 64 bytes empty, a set 216
+        self._feeds: dict[Consumer, "StreamFeed"] | None = None
         self.closed = False
-        self._consumer_ids = itertools.count(1)
+        self._consumers_made = 0
         # For operators (admin API, metrics): when it connected, and messages it sent and was given,
         # counted with one int increment where the core already handles each one.
         self.since_ms = broker.now_ms()
         self.messages_in = 0
         self.messages_out = 0  # counted by its consumers (core.consumer.Consumer.deliver)
-        # How its session ends it when an operator asks, telling the client the reason
+        # The session that ends it when an operator asks, telling the client the reason
         # (STOMP ERROR, MQTT 5 DISCONNECT 0x98); set by the session, which the core cannot import.
-        self.closer: Callable[[str], None] | None = None
+        # The object, not its bound method: that was 64 bytes of every idle connection.
+        self.closer: Closer | None = None
+
+    def subscription_of(self, consumer: Consumer) -> Subscription | None:
+        """The topic subscription a consumer of this connection reads, if it reads one."""
+        subs = self._subscriptions
+        return None if subs is None else subs.get(consumer)
+
+    def feed_of(self, consumer: Consumer) -> "StreamFeed | None":
+        """The stream feed a consumer of this connection reads, if it reads a stream."""
+        feeds = self._feeds
+        return None if feeds is None else feeds.get(consumer)
+
+    @property
+    def open_transactions(self) -> int:
+        return 0 if self._transactions is None else len(self._transactions)
+
+    def _next_consumer_id(self) -> str:
+        self._consumers_made += 1
+        return f"{self.id}/{self._consumers_made}"
 
     @property
     def identity(self) -> str:
@@ -153,7 +180,9 @@ class Connection:
     def temp_queue(self, name: str) -> str:
         """This connection's temporary queue of that name, created on first use."""
         canonical = self.broker.create_temp_queue(self, name)
-        self.temp_queues[canonical] = None
+        if self._temp_queues is None:
+            self._temp_queues = {}
+        self._temp_queues[canonical] = None
         return canonical
 
     # -- consuming ------------------------------------------------------
@@ -186,7 +215,7 @@ class Connection:
                 compiled = compile_selector(selector)
             except SelectorError as exc:
                 raise SubscriptionError(f"invalid selector: {exc}") from None
-        consumer_id = f"{self.id}/{next(self._consumer_ids)}"
+        consumer_id = self._next_consumer_id()
         if prefetch is None:
             prefetch = broker.policy.default_prefetch
 
@@ -212,7 +241,9 @@ class Connection:
                     if sub.wants(message):
                         sub.queue.enqueue(Entry(message, seq))
             consumer = Consumer(consumer_id, self, sub.queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
-            self.subscriptions[consumer] = sub
+            if self._subscriptions is None:
+                self._subscriptions = {}
+            self._subscriptions[consumer] = sub
         else:
             if destination.startswith("temp-queue://"):
                 owner = broker.temp_queue_owner(destination)
@@ -244,7 +275,7 @@ class Connection:
             positions = resolve_offsets(stream, offset, partition, broker.now_ms())
         except ValueError as exc:
             raise SubscriptionError(str(exc)) from None
-        consumer_id = f"{self.id}/{next(self._consumer_ids)}"
+        consumer_id = self._next_consumer_id()
         # A stream record is never dead-lettered (max_redeliveries -1): it stays in the log.
         queue = MessageQueue(f"stream-feed://{stream.name}/{consumer_id}", broker, max_redeliveries=-1)
         feed = StreamFeed(stream, queue, positions)
@@ -252,7 +283,9 @@ class Connection:
         prefetch = broker.policy.default_prefetch if prefetch is None else prefetch
         consumer = Consumer(consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
         self.consumers[consumer_id] = consumer
-        self.feeds[consumer] = feed
+        if self._feeds is None:
+            self._feeds = {}
+        self._feeds[consumer] = feed
         queue.add_consumer(consumer)
         feed.fill()
         return consumer
@@ -262,7 +295,7 @@ class Connection:
         prefetch: int | None = None, handle: object = None,
     ) -> Consumer:
         """Attach a consumer to a queue the protocol manages itself (an MQTT session or shared queue)."""
-        consumer_id = f"{self.id}/{next(self._consumer_ids)}"
+        consumer_id = self._next_consumer_id()
         prefetch = self.broker.policy.default_prefetch if prefetch is None else prefetch
         consumer = Consumer(consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
         self.consumers[consumer_id] = consumer
@@ -274,12 +307,12 @@ class Connection:
             return
         queue = consumer.queue
         unacked = queue.remove_consumer(consumer)
-        feed = self.feeds.pop(consumer, None)
+        feed = None if self._feeds is None else self._feeds.pop(consumer, None)
         if feed is not None:
             feed.close()  # what it held unacknowledged is still in the stream
             queue.purge()  # and so is what it had read ahead (the queue is unstored: nothing to delete)
             return
-        sub = self.subscriptions.pop(consumer, None)
+        sub = None if self._subscriptions is None else self._subscriptions.pop(consumer, None)
         if sub is not None and sub.durable_key is None:
             # A plain topic subscription ends with its consumer; what it held is gone.
             self.broker.remove_subscription(sub)
@@ -335,19 +368,26 @@ class Connection:
     # -- transactions ---------------------------------------------------
 
     def _transaction(self, tx_id: str) -> Transaction:
-        tx = self.transactions.get(tx_id)
+        tx = None if self._transactions is None else self._transactions.get(tx_id)
+        if tx is None:
+            raise UnknownTransaction(f"transaction {tx_id!r} has not been started")
+        return tx
+
+    def _end_transaction(self, tx_id: str) -> Transaction:
+        tx = None if self._transactions is None else self._transactions.pop(tx_id, None)
         if tx is None:
             raise UnknownTransaction(f"transaction {tx_id!r} has not been started")
         return tx
 
     def begin(self, tx_id: str) -> None:
-        if tx_id in self.transactions:
+        if self._transactions is None:
+            self._transactions = {}
+        if tx_id in self._transactions:
             raise BrokerError(f"transaction {tx_id!r} is already started")
-        self.transactions[tx_id] = Transaction(tx_id)
+        self._transactions[tx_id] = Transaction(tx_id)
 
     def commit(self, tx_id: str) -> None:
-        tx = self._transaction(tx_id)
-        del self.transactions[tx_id]
+        tx = self._end_transaction(tx_id)
         broker = self.broker
         for message, delay in tx.sends:
             try:
@@ -360,8 +400,7 @@ class Connection:
             broker.redeliver(queue, entries, "rejected by the consumer (NACK)")
 
     def abort(self, tx_id: str) -> None:
-        tx = self._transaction(tx_id)
-        del self.transactions[tx_id]
+        tx = self._end_transaction(tx_id)
         for queue, entries in _by_queue(tx.settles + tx.failures):
             self.broker.redeliver(queue, entries, "transaction aborted")
 
@@ -386,7 +425,7 @@ class Connection:
         closer = self.closer
         if closer is None or self.closed:
             return False
-        closer(reason)
+        closer.close_by_admin(reason)
         return True
 
     def close(self) -> None:
@@ -394,13 +433,15 @@ class Connection:
             return
         self.closed = True
         self.writable = False
-        for tx_id in list(self.transactions):
-            self.abort(tx_id)
+        if self._transactions is not None:
+            for tx_id in list(self._transactions):
+                self.abort(tx_id)
         for consumer in list(self.consumers.values()):
             self.unsubscribe(consumer)
-        for name in self.temp_queues:
-            self.broker.delete_temp_queue(name)
-        self.temp_queues.clear()
+        if self._temp_queues is not None:
+            for name in self._temp_queues:
+                self.broker.delete_temp_queue(name)
+            self._temp_queues = None
         self.broker.forget_connection(self)
 
 

@@ -58,14 +58,14 @@ class Guarded:
 
     session: Session
     _address: str | None = None
-    _holds: dict[str, None]  # why reading is paused; keys only (an empty set is 216 bytes, a dict 64)
+    # Why reading is paused; keys only (an empty set is 216 bytes, a dict 64), made with the first hold.
+    _holds: dict[str, None] | None = None
     _guard: ConnectionGuard | None = None
     _producing = False  # registered as the transport's producer
 
     def _open(self, guard: ConnectionGuard | None, host: str) -> None:
         """After the session exists: count the connection in, or have the session refuse its CONNECT."""
         self._guard = guard
-        self._holds = {}
         if guard is None or guard.admission is None:
             return
         refusal = guard.admission.admit(host)
@@ -105,15 +105,19 @@ class Guarded:
 
     def pause_reading(self, reason: str = "flow control") -> None:
         """Stop reading the client for ``reason`` (its socket buffer fills, then TCP pushes back)."""
-        if not self._holds:
+        holds = self._holds
+        if holds is None:
+            holds = self._holds = {}
+        if not holds:
             self._pause_transport()
-        self._holds[reason] = None
+        holds[reason] = None
 
     def resume_reading(self, reason: str = "flow control") -> None:
         """``reason`` no longer holds; reading resumes once no other reason does."""
-        if reason in self._holds:
-            del self._holds[reason]
-            if not self._holds:
+        holds = self._holds
+        if holds is not None and reason in holds:
+            del holds[reason]
+            if not holds:
                 self._resume_transport()
 
     def drop_unfinished(self, seconds: float) -> None:
@@ -152,7 +156,6 @@ class SessionProtocol(Guarded, protocol.Protocol):
 
     def __init__(self, factory: "SessionFactory") -> None:
         self.factory = factory
-        self._holds = {}
 
     def connectionMade(self) -> None:
         peer = connected(self.transport).getPeer()

@@ -18,7 +18,7 @@ The turn's end is the broker's ``TurnEnd`` (core/turn.py).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from core.turn import TurnEnd
 
@@ -28,14 +28,28 @@ from core.turn import TurnEnd
 HAND_OVER_BYTES = 65536
 
 
-class Outbox:
-    __slots__ = ("_turn", "_when_durable", "_write", "_held", "_queued", "_bytes", "_durable", "_waiting")
+class Durability(Protocol):
+    """The broker: runs a callback once everything written so far is on disk."""
 
-    def __init__(self, turn: TurnEnd, when_durable: Callable[[Callable[[], None]], None], write: Callable[[bytes], None]) -> None:
+    def when_durable(self, callback: Callable[[], None]) -> None: ...
+
+
+class Writer(Protocol):
+    """The session: puts bytes on its connection (nothing once it is closed)."""
+
+    def write_out(self, data: bytes) -> None: ...
+
+
+class Outbox:
+    # The objects themselves, not their bound methods: two bound methods were 128
+    # bytes of every idle connection.
+    __slots__ = ("_turn", "_durability", "_writer", "_held", "_queued", "_bytes", "_durable", "_waiting")
+
+    def __init__(self, turn: TurnEnd, durability: Durability, writer: Writer) -> None:
         self._turn = turn
-        self._when_durable = when_durable
-        self._write = write
-        self._held: list[bytes] = []
+        self._durability = durability
+        self._writer = writer
+        self._held: list[bytes] | None = None  # made per turn with its first frame
         self._queued = False
         self._bytes = 0
         self._durable = False  # something gathered must wait for the disk
@@ -43,7 +57,11 @@ class Outbox:
 
     def add(self, data: bytes, durable: bool = True) -> None:
         """``durable``: the frame must wait for the store (False only for deliveries of unstored entries)."""
-        self._held.append(data)
+        held = self._held
+        if held is None:
+            self._held = [data]
+        else:
+            held.append(data)
         self._bytes += len(data)
         if durable:
             self._durable = True
@@ -59,16 +77,16 @@ class Outbox:
         held = self._held
         if not held:
             return
-        self._held = []
+        self._held = None
         self._bytes = 0
         data = held[0] if len(held) == 1 else b"".join(held)
         if not self._durable and not self._waiting:
-            self._write(data)
+            self._writer.write_out(data)
             return
         self._durable = False
         self._waiting += 1
-        self._when_durable(lambda: self._release(data))
+        self._durability.when_durable(lambda: self._release(data))
 
     def _release(self, data: bytes) -> None:
         self._waiting -= 1
-        self._write(data)
+        self._writer.write_out(data)

@@ -21,7 +21,10 @@ class Session(Protocol):
     @property
     def decoder(self) -> Decoder: ...
 
-    label: str
+    @property
+    def label(self) -> str:
+        """Who, for log lines: the peer's address, and the client id once connected."""
+
     # Why the session ended ("normal", "error", "shutdown"), for WebSocket close codes.
     close_reason: str
 

@@ -69,10 +69,6 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignor
     _ping_call: Any = None
     _heard = 0.0
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._holds = {}
-
     def onConnect(self, request: Any) -> str | None:
         offered: list[str] = [p for p in request.protocols if p]
         for protocol in offered:

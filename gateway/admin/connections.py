@@ -43,8 +43,8 @@ def subscriptions_of(conn: Connection, index: SubscriptionIndex) -> list[str]:
     """The destinations a connection consumes from, canonical: queues, topic filters, streams."""
     found: list[str] = []
     for consumer in conn.consumers.values():
-        sub = conn.subscriptions.get(consumer)
-        feed = conn.feeds.get(consumer)
+        sub = conn.subscription_of(consumer)
+        feed = conn.feed_of(consumer)
         if sub is not None:
             found.append(sub.destination)
         elif feed is not None:

@@ -90,6 +90,13 @@ def queue_figures(queue: MessageQueue, now_ms: int) -> dict[str, Any]:
     }
 
 
+# queue_figures of a queue that does not exist yet (same keys, so a listing has one shape).
+NO_QUEUE_FIGURES: dict[str, Any] = {
+    "messages": 0, "ready": 0, "unacknowledged": 0, "consumers": 0, "enqueued": 0, "dequeued": 0, "expired": 0,
+    "dead_lettered": 0, "oldest_message_age_ms": None, "memory_bytes": 0, "paged": 0, "store_bytes": None,
+}
+
+
 def queue_name(name: str) -> str:
     return name if name.startswith(QUEUE_PREFIX) else QUEUE_PREFIX + name
 
@@ -330,8 +337,10 @@ class DestinationsAPI:
                 continue
             live[client_id] = conn  # the newest, after a take-over
             if client_id not in clients:
-                session = next(iter(conn.consumers.values()), None)  # the session's consumer comes first
-                clients[client_id] = (session.queue if session is not None else None, False)
+                # A clean session has its own queue only once it has subscribed.
+                own = f"mqtt://{client_id}"
+                mine = next((c.queue for c in conn.consumers.values() if c.queue.name == own), None)
+                clients[client_id] = (mine, False)
         return clients, live
 
     def _describe_session(
@@ -347,6 +356,8 @@ class DestinationsAPI:
         }
         if queue is not None:
             answer.update(queue_figures(queue, broker.now_ms()))
+        else:  # a clean session that has not subscribed yet has no queue: nothing waits for it
+            answer.update(NO_QUEUE_FIGURES)
         if persistent:
             raw = broker.store.get_record(STATE_KIND, MQTT_SESSION_PREFIX + client_id)
             state: dict[str, Any] = {}

@@ -47,8 +47,8 @@ class MqttHub:
         # One user store and one set of rules for every MQTT listener (TCP, TLS, WebSocket).
         self.authenticator: Authenticator = authenticator or Anonymous()
         self.access: Access = access or AllowAll()
+        # Live sessions are the listeners' (SessionFactory.sessions): the server shuts them down from there.
         self.clients: dict[str, ClientSession] = {}
-        self.live: set[MqttSession] = set()
         # Every connection's keep-alive on one reactor timer (an idle device holds no DelayedCall).
         self.deadlines = Deadlines(broker.clock)
         self.queue_filters = [
@@ -93,11 +93,13 @@ class MqttHub:
         present = client is not None
         if client is None:
             durable = expiry > 0
+            # A clean session gets its queue with its first subscription (clean_queue):
+            # most idle devices never subscribe, and the queue and its consumer were a
+            # fifth of the memory of an idle connection.
+            queue: MessageQueue | None = None
             if durable:
                 queue = self.broker.durable_queue(self.queue_key(client_id))
-            else:
-                queue = MessageQueue(f"mqtt://{client_id}", self.broker)
-            queue.max_redeliveries = -1
+                queue.max_redeliveries = -1
             client = self.clients[client_id] = ClientSession(client_id, queue, durable)
             client.user = session.principal.name
         for timer in (client.expiry_timer, client.will_timer):
@@ -105,15 +107,22 @@ class MqttHub:
                 timer.cancel()  # back in time: neither the session nor a delayed will ends
         client.expiry_timer = client.will_timer = None
         client.pending_will = None
-        for sub in client.subs.values():
+        for sub in client.subs.values() if client.subscribed else ():
             if isinstance(sub.selector, AwayFilter):
                 sub.selector = None  # back: QoS 0 messages are delivered again
         client.expiry = expiry
         client.left_at = 0
         client.live = session
-        self.live.add(session)
         self.save(client)
         return client, present
+
+    def clean_queue(self, client: ClientSession) -> MessageQueue:
+        """The queue of a clean session, made on first use: what its subscriptions deliver to."""
+        queue = client.queue
+        if queue is None:
+            queue = client.queue = MessageQueue(f"mqtt://{client.client_id}", self.broker)
+            queue.max_redeliveries = -1  # a reconnect is not a failed delivery
+        return queue
 
     def save(self, client: ClientSession) -> None:
         if client.durable:
@@ -124,7 +133,7 @@ class MqttHub:
         for name, data in self.broker.states("mqtt:"):
             state = json.loads(data)
             client = self._recover(name[len("mqtt:"):], state)
-            for sub in client.subs.values():
+            for sub in client.subs.values() if client.subscribed else ():
                 sub.selector = AwayFilter(options_of(sub).qos)
             if client.expiry != NEVER_EXPIRES:
                 # The expiry counts from the disconnect, not from this start (as Mosquitto).
@@ -144,11 +153,15 @@ class MqttHub:
         client = self.clients[client_id] = ClientSession(client_id, queue, True)
         client.expiry = state.get("expiry", NEVER_EXPIRES)
         client.user = state.get("user")
-        client.released = {int(pid): seq for pid, seq in state.get("released", {}).items()}
-        client.inbound_qos2 = dict.fromkeys(state.get("inbound", ()))
-        # The client holds these already (PUBREC was received): PUBREL, not PUBLISH, is due.
-        for entry in queue.remove_seqs(set(client.released.values())):
-            queue.settle(entry)
+        released = {int(pid): seq for pid, seq in state.get("released", {}).items()}
+        inbound = dict.fromkeys(state.get("inbound", ()))
+        if released or inbound:
+            flows = client.flows
+            flows.released = released
+            flows.inbound_qos2 = inbound
+            # The client holds these already (PUBREC was received): PUBREL, not PUBLISH, is due.
+            for entry in queue.remove_seqs(set(released.values())):
+                queue.settle(entry)
         for sub in self.broker.subscriptions_of(queue):
             if sub.durable_key is None:
                 continue
@@ -159,7 +172,6 @@ class MqttHub:
         return client
 
     def detach(self, session: MqttSession, client: ClientSession, will: mq.Will | None, level: int) -> None:
-        self.live.discard(session)
         if client.live is not session:
             return
         client.live = None
@@ -177,7 +189,7 @@ class MqttHub:
             self._end(client)
             return
         # Away: keep only what will be delivered at QoS 1 or 2 (see AwayFilter).
-        for sub in client.subs.values():
+        for sub in client.subs.values() if client.subscribed else ():
             sub.selector = AwayFilter(options_of(sub).qos)
         self.save(client)  # a 5.0 DISCONNECT may have changed the expiry
         if client.expiry != NEVER_EXPIRES:
@@ -208,12 +220,14 @@ class MqttHub:
         if client.durable:
             self.broker.remove_durable_queue(self.queue_key(client.client_id))
             self.broker.delete_state(self.queue_key(client.client_id))
-        else:
+        elif client.subscribed:
             for sub in client.subs.values():
                 self.broker.remove_subscription(sub)
+        if not client.durable and client.queue is not None:
             client.queue.purge()
-        client.subs.clear()
-        client.filters.clear()
+        if client.subscribed:
+            client.subs.clear()
+            client.filters.clear()
 
     def publish_will(self, will: mq.Will) -> None:
         try:
@@ -245,10 +259,3 @@ class MqttHub:
         log.info("session of {client} ended by an operator", client=client_id)
         self._end(client)
         return True
-
-    def shutdown(self) -> None:
-        for session in list(self.live):
-            session.shutdown()
-
-    def __len__(self) -> int:
-        return len(self.live)

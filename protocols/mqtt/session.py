@@ -30,6 +30,7 @@ from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.destination import InvalidDestination
 from core.entry import Entry
+from core.queue import MessageQueue
 from core.errors import BrokerError, UserLimit
 from core.message import Message
 from core.retained import RetainedLimit
@@ -78,6 +79,9 @@ __all__ = ["Connected", "MqttSession", "Phase"]
 
 log = Logger(namespace="gateway.mqtt")
 
+# The core connection's protocol, one string per level rather than one per connection.
+PROTOCOL_NAMES = {3: "mqtt/3", 4: "mqtt/4", 5: "mqtt/5"}
+
 # MQTT 3.1.1 3.9.3: the SUBACK return code of a refused filter (5.0 says why with a reason code).
 SUBACK_FAILURE = 0x80
 
@@ -94,16 +98,41 @@ class Phase(enum.Enum):
 class Connected:
     """What exists only once CONNECT is accepted: the client's session, the core connection, the outbox."""
 
-    __slots__ = ("client", "conn", "outbox", "consumer", "shared_consumers", "in_aliases", "out_aliases")
+    __slots__ = ("client", "conn", "outbox", "consumer", "_shared_consumers", "_in_aliases", "_out_aliases")
 
     def __init__(self, client: ClientSession, conn: Connection, outbox: Outbox) -> None:
         self.client = client
         self.conn = conn
         self.outbox = outbox
-        self.consumer: Consumer | None = None  # on the client's queue
-        self.shared_consumers: dict[str, Consumer] = {}  # MQTT filter -> consumer of its group's queue
-        self.in_aliases: dict[int, str] = {}
-        self.out_aliases: dict[str, int] = {}
+        self.consumer: Consumer | None = None  # on the client's queue, from its first subscription
+        # The rest is made on first use: most connections never need them, and an empty dict is 64 bytes.
+        self._shared_consumers: dict[str, Consumer] | None = None
+        self._in_aliases: dict[int, str] | None = None
+        self._out_aliases: dict[str, int] | None = None
+
+    @property
+    def shared_consumers(self) -> dict[str, Consumer]:
+        """MQTT filter -> this connection's consumer of its shared group's queue."""
+        found = self._shared_consumers
+        if found is None:
+            found = self._shared_consumers = {}
+        return found
+
+    @property
+    def in_aliases(self) -> dict[int, str]:
+        """Topic aliases the client set (MQTT 5 3.3.2.3.4)."""
+        found = self._in_aliases
+        if found is None:
+            found = self._in_aliases = {}
+        return found
+
+    @property
+    def out_aliases(self) -> dict[str, int]:
+        """Topic aliases this broker set for the client."""
+        found = self._out_aliases
+        if found is None:
+            found = self._out_aliases = {}
+        return found
 
 
 class MqttSession:
@@ -111,7 +140,7 @@ class MqttSession:
     # slots keep it a few hundred bytes where a dict of 30 attributes takes 1.5 KB.
     __slots__ = (
         "hub", "broker", "settings", "transport", "remote", "decoder", "level", "phase", "principal", "_waiting",
-        "_auth_paused", "_checked", "_published_to", "_published_version", "live", "will", "label", "keep_alive",
+        "_auth_paused", "_checked", "_published_to", "_published_version", "live", "will", "keep_alive",
         "problem_information",
         "peer_receive_maximum", "peer_max_packet", "peer_alias_max", "_timer", "_deadline", "_last_read", "closed",
         "normal_disconnect", "_inflight", "_send_quota", "_transport_paused", "_held", "_refusal", "close_reason",
@@ -127,7 +156,7 @@ class MqttSession:
         self.level = 4
         self.phase = Phase.AWAITING_CONNECT
         self.principal = ANONYMOUS
-        self._waiting: list[Any] = []  # packets read while authenticating, handled once connected
+        self._waiting: list[Any] | None = None  # packets read while authenticating, handled once connected
         self._auth_paused = False
         # With no rules everything is allowed: the checks are skipped, not made.
         self._checked = not isinstance(hub.access, AllowAll)
@@ -140,7 +169,6 @@ class MqttSession:
         # Phase.CLOSED as a plain attribute: read for every packet and write, where a property costs a call.
         self.closed = False
         self.live: Connected | None = None
-        self.label = remote
         self.will: mq.Will | None = None
         self.keep_alive = 0
         self._last_read = self.broker.clock.seconds()
@@ -167,6 +195,12 @@ class MqttSession:
         return None if self.live is None else self.live.client
 
     @property
+    def label(self) -> str:
+        """Who, for log lines; made when logged, not kept (a string per idle connection)."""
+        live = self.live
+        return self.remote if live is None else f"{self.remote} {live.client.client_id}"
+
+    @property
     def conn(self) -> Connection | None:
         """The core connection, once connected (for operators' views and tests)."""
         return None if self.live is None else self.live.conn
@@ -191,7 +225,11 @@ class MqttSession:
             if self.closed:
                 return
             if self._authenticating():
-                self._waiting.append(packet)  # handled once the credentials are checked
+                # Handled once the credentials are checked.
+                if self._waiting is None:
+                    self._waiting = [packet]
+                else:
+                    self._waiting.append(packet)
                 continue
             self._dispatch(packet)
 
@@ -292,7 +330,7 @@ class MqttSession:
                     self._close()
                 return
         credentials = Credentials(
-            packet.username, packet.password, certificate_user(self.transport), self.remote, f"mqtt/{self.level}", client_id,
+            packet.username, packet.password, certificate_user(self.transport), self.remote, PROTOCOL_NAMES[self.level], client_id,
         )
         self.phase = Phase.AUTHENTICATING
         self.hub.authenticator.authenticate(credentials, partial(self._authenticated, packet, client_id, assigned, expiry))
@@ -341,10 +379,10 @@ class MqttSession:
         except Exception:
             log.failure("[{label}] internal error handling CONNECT", label=self.label)
             self._protocol_error(ReasonCode.UNSPECIFIED_ERROR, "internal error")
-        waiting, self._waiting = self._waiting, []
+        waiting, self._waiting = self._waiting, None
         if resume and not self.closed:
             self.transport.resume_reading("authenticating")
-        for queued in waiting:
+        for queued in waiting or ():
             if self.closed:
                 return
             self._dispatch(queued)
@@ -356,15 +394,14 @@ class MqttSession:
         self._timer = None
 
         try:
-            conn = self.broker.connect(client_id, protocol=f"mqtt/{self.level}", remote=self.remote, user=self.principal.name)
+            conn = self.broker.connect(client_id, protocol=PROTOCOL_NAMES[self.level], remote=self.remote, user=self.principal.name)
         except UserLimit as exc:
             self._refuse(ConnackReturnCode.SERVER_UNAVAILABLE, ReasonCode.QUOTA_EXCEEDED, str(exc))
             return
-        conn.closer = self.close_by_admin
+        conn.closer = self
         client, present = self.hub.attach(self, client_id, packet.clean_start, expiry)
-        self.label = f"{self.remote} {client_id}"
         self.will = packet.will
-        live = self.live = Connected(client, conn, Outbox(self.broker.turn_end, self.broker.when_durable, self._write))
+        live = self.live = Connected(client, conn, Outbox(self.broker.turn_end, self.broker, self))
         self.phase = Phase.CONNECTED
         keep_alive = packet.keep_alive
         server_keep_alive = None
@@ -389,11 +426,13 @@ class MqttSession:
         self._send(mq.Connack(present, 0, ack_props))
         log.info("[{label}] connected with MQTT level {mqtt_level}, session present: {p}", label=self.label, mqtt_level=self.level, p=present)
 
-        for pid in sorted(client.released):
-            self._send(mq.Pubrel(pid))
-        self._send_quota = prefetch = min(self.peer_receive_maximum, self.settings.max_inflight)
-        live.consumer = conn.consume(client.queue, partial(self._deliver, live), ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=prefetch)
-        for mqtt_filter, (group, canonical) in client.shared.items():
+        if client.has_flows:
+            for pid in sorted(client.flows.released):
+                self._send(mq.Pubrel(pid))
+        self._send_quota = min(self.peer_receive_maximum, self.settings.max_inflight)
+        if client.queue is not None:  # persistent, or a clean session's taken over
+            self._session_queue(live)
+        for mqtt_filter, (group, canonical) in client.shared.items() if client.subscribed else ():
             self._join_shared(live, mqtt_filter, group, canonical)
         if keep_alive:
             self._arm_keep_alive()
@@ -463,11 +502,11 @@ class MqttSession:
                         raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} is not set")
         qos = packet.qos
         pid = packet.packet_id or 0  # set whenever qos > 0 (the decoder checks)
-        if qos == 2 and pid in live.client.inbound_qos2:
+        if qos == 2 and pid in live.client.flows.inbound_qos2:
             # A retransmission of something already routed: acknowledge, do not route twice.
             self._send(mq.Pubrec(pid))
             return
-        if qos and len(live.client.inbound_qos2) >= self.settings.receive_maximum:
+        if qos and len(live.client.flows.inbound_qos2) >= self.settings.receive_maximum:
             raise MqttProtocolError(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS 2 messages awaiting PUBREL")
         if props.get("payload_format_indicator") == 1:
             try:
@@ -516,7 +555,7 @@ class MqttSession:
         if qos == 1:
             live.outbox.add(_PUBACK + pid.to_bytes(2, "big") if self.level < 5 else mq.encode(mq.Puback(pid), 5))
         elif qos == 2:
-            live.client.inbound_qos2[pid] = None
+            live.client.flows.inbound_qos2[pid] = None
             self.hub.save(live.client)  # in the message's batch, before PUBREC
             live.outbox.add(mq.encode(mq.Pubrec(pid), self.level))
 
@@ -562,9 +601,10 @@ class MqttSession:
         return build_message(self.broker, destination, packet.payload, packet.qos, packet.retain, props)
 
     def _on_pubrel(self, live: Connected, packet: mq.Pubrel) -> None:
-        known = packet.packet_id in live.client.inbound_qos2
+        inbound = live.client.flows.inbound_qos2
+        known = packet.packet_id in inbound
         if known:
-            live.client.inbound_qos2.pop(packet.packet_id, None)
+            del inbound[packet.packet_id]
             self.hub.save(live.client)
         reason = 0 if known or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         self._send(mq.Pubcomp(packet.packet_id, reason))
@@ -636,7 +676,7 @@ class MqttSession:
                 # A stored entry's delivery waits for its delivered mark; any waits behind what went before.
                 live.outbox.add(data, entry.stored)
                 return True
-            pid = live.client.packet_id_for(entry.seq)
+            pid = live.client.flows.packet_id_for(entry.seq)
             data = b"".join((parts[0], pid.to_bytes(2, "big"), parts[1]))
             if len(data) > self.peer_max_packet:
                 return True
@@ -651,9 +691,9 @@ class MqttSession:
         return False
 
     def _track(self, live: Connected, consumer: Consumer, tag: int, entry: Entry, pid: int) -> None:
-        client = live.client
-        client.outbound[pid] = Inflight(consumer, tag, entry.seq)
-        client.ids_by_seq[entry.seq] = pid
+        flows = live.client.flows
+        flows.outbound[pid] = Inflight(consumer, tag, entry.seq)
+        flows.ids_by_seq[entry.seq] = pid
         self._inflight += 1
         if self._inflight >= self._send_quota:
             self._update_flow(live)
@@ -664,7 +704,7 @@ class MqttSession:
         if topic is None:
             return None
         properties = self._properties(message, options)
-        pid = live.client.packet_id_for(entry.seq) if qos else None
+        pid = live.client.flows.packet_id_for(entry.seq) if qos else None
         new_alias = None
         if self.peer_alias_max:
             topic, new_alias = self._alias(live, topic, properties)
@@ -736,32 +776,35 @@ class MqttSession:
         return topic, None
 
     def _on_puback(self, live: Connected, packet: mq.Puback) -> None:
-        inflight = live.client.outbound.pop(packet.packet_id, None)
+        flows = live.client.flows
+        inflight = flows.outbound.pop(packet.packet_id, None)
         if inflight is not None:
-            live.client.ids_by_seq.pop(inflight.seq, None)
+            flows.ids_by_seq.pop(inflight.seq, None)
             self._finish(live, inflight)
 
     def _on_pubrec(self, live: Connected, packet: mq.Pubrec) -> None:
         client = live.client
-        inflight = client.outbound.pop(packet.packet_id, None)
+        flows = client.flows
+        inflight = flows.outbound.pop(packet.packet_id, None)
         if inflight is not None:
-            client.ids_by_seq.pop(inflight.seq, None)
+            flows.ids_by_seq.pop(inflight.seq, None)
         if packet.reason_code >= ReasonCode.UNSPECIFIED_ERROR:  # 0x80 and up: the client refused it
             if inflight is not None:
                 self._finish(live, inflight)  # the client refused it: the flow ends here
             return
         # The client has it; only PUBREL/PUBCOMP remain, and the slot stays taken until PUBCOMP.
         if inflight is not None:
-            client.released[packet.packet_id] = inflight.seq
-            client.released_inflight[packet.packet_id] = inflight
+            flows.released[packet.packet_id] = inflight.seq
+            flows.released_inflight[packet.packet_id] = inflight
             self.hub.save(client)
         self._send(mq.Pubrel(packet.packet_id, 0 if inflight is not None or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
     def _on_pubcomp(self, live: Connected, packet: mq.Pubcomp) -> None:
         client = live.client
-        if client.released.pop(packet.packet_id, None) is not None:
+        flows = client.flows
+        if flows.released.pop(packet.packet_id, None) is not None:
             self.hub.save(client)
-        inflight = client.released_inflight.pop(packet.packet_id, None)
+        inflight = flows.released_inflight.pop(packet.packet_id, None)
         if inflight is not None:
             self._finish(live, inflight)
 
@@ -793,8 +836,18 @@ class MqttSession:
 
     # -- subscriptions -------------------------------------------------------
 
+    def _session_queue(self, live: Connected) -> MessageQueue:
+        """The client's own queue, and this connection's consumer of it; a clean session
+        gets both with its first subscription, not at CONNECT."""
+        queue = self.hub.clean_queue(live.client)
+        if live.consumer is None:
+            live.consumer = live.conn.consume(
+                queue, partial(self._deliver, live), ack_mode=AckMode.CLIENT_INDIVIDUAL,
+                prefetch=min(self.peer_receive_maximum, self.settings.max_inflight),
+            )
+        return queue
+
     def _on_subscribe(self, live: Connected, packet: mq.Subscribe) -> None:
-        client = live.client
         sub_id = packet.properties.get("subscription_identifier") if self.level == 5 else None
         codes = []
         retained: list[Entry] = []
@@ -802,8 +855,10 @@ class MqttSession:
             codes.append(self._subscribe_one(live, request, sub_id, retained))
         self._send(mq.Suback(packet.packet_id, codes))
         # Retained messages follow the SUBACK, through the queue like any delivery (flow control, QoS).
-        for entry in retained:
-            client.queue.enqueue(entry)
+        if retained:
+            queue = self._session_queue(live)
+            for entry in retained:
+                queue.enqueue(entry)
 
     def _subscribe_one(
         self, live: Connected, request: mq.SubscriptionRequest, sub_id: int | None, retained: list[Entry],
@@ -848,7 +903,7 @@ class MqttSession:
                 old.options = options
                 sub = old
             else:
-                sub = broker.add_subscription(client.queue, canonical, no_local=request.no_local, options=options)
+                sub = broker.add_subscription(self._session_queue(live), canonical, no_local=request.no_local, options=options)
         sub.owner_id = client.client_id
         client.subs[mqtt_filter] = sub
         if request.retain_handling == 0 or (request.retain_handling == 1 and not existed):
@@ -923,9 +978,10 @@ class MqttSession:
     # -- output and teardown ---------------------------------------------------
 
     def _send(self, packet: Any) -> None:
-        self._write(mq.encode(packet, self.level))
+        self.write_out(mq.encode(packet, self.level))
 
-    def _write(self, data: bytes) -> None:
+    def write_out(self, data: bytes) -> None:
+        """Bytes to the client, now (the outbox decides when); nothing once closed."""
         if not self.closed:
             self.transport.write(data)
 
@@ -996,13 +1052,16 @@ class MqttSession:
         client = live.client
         # Released QoS 2 deliveries are the client's: settle them, keep only
         # their packet ids for the PUBREL a reconnect will get.
-        for inflight in client.released_inflight.values():
-            self._settle(live, inflight)
-        client.released_inflight.clear()
-        for mqtt_filter, (group, canonical) in list(client.shared.items()):
+        if client.has_flows:
+            flows = client.flows
+            for inflight in flows.released_inflight.values():
+                self._settle(live, inflight)
+            flows.released_inflight.clear()
+        for mqtt_filter, (group, canonical) in list(client.shared.items()) if client.subscribed else ():
             self._leave_shared(live, mqtt_filter, group, canonical)
         live.conn.close()  # unacked deliveries go back to the session queue
-        client.outbound.clear()
+        if client.has_flows:
+            client.flows.outbound.clear()
         self.hub.detach(self, client, self.will, self.level)
 
     def connection_lost(self) -> None:

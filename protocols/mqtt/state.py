@@ -5,8 +5,8 @@ the hub and the connection's state machine both use these, and neither has to
 import the other for them.
 
 - ``ClientSession``: the session of one client id (MQTT 4.1) -- its queue in
-  the core, its subscriptions and their options, the packet ids of QoS 1/2
-  flows in progress;
+  the core, its subscriptions and their options;
+- ``Flows``: the packet ids of its QoS 1/2 flows in progress, made with its first one;
 - ``SubscriptionOptions``: what a SUBSCRIBE asked for one filter, stored with
   durable subscriptions;
 - ``AwayFilter``: what a persistent session queues while its client is away;
@@ -131,25 +131,12 @@ class Inflight:
     seq: int
 
 
-class ClientSession:
-    """What survives between connections of one client id (MQTT 4.1)."""
+class Flows:
+    """The QoS 1 and 2 flows of one session in progress, by packet id (MQTT 4.3)."""
 
-    # One per MQTT client id, kept while its session lives: slots, for the memory of many idle devices.
-    __slots__ = (
-        "client_id", "queue", "durable", "expiry", "filters", "subs", "shared", "outbound", "released",
-        "released_inflight", "inbound_qos2", "ids_by_seq", "next_id", "live", "expiry_timer", "will_timer",
-        "pending_will", "left_at", "user",
-    )
+    __slots__ = ("outbound", "released", "released_inflight", "inbound_qos2", "ids_by_seq", "next_id")
 
-
-    def __init__(self, client_id: str, queue: MessageQueue, durable: bool) -> None:
-        self.client_id = client_id
-        self.queue = queue
-        self.durable = durable
-        self.expiry = 0                     # seconds after disconnect; NEVER_EXPIRES
-        self.filters: dict[str, SubscriptionOptions] = {}
-        self.subs: dict[str, Subscription] = {}
-        self.shared: dict[str, tuple[str, str]] = {}  # filter -> (group, canonical filter)
+    def __init__(self) -> None:
         self.outbound: dict[int, Inflight] = {}       # packet id -> PUBLISH awaiting PUBACK/PUBREC
         # PUBREL sent, awaiting PUBCOMP: packet id -> message seq (stored, so a
         # restart still resends PUBREL) ...
@@ -160,13 +147,6 @@ class ClientSession:
         self.inbound_qos2: dict[int, None] = {}       # PUBREC sent, awaiting PUBREL (keys; smaller than a set)
         self.ids_by_seq: dict[int, int] = {}          # message -> packet id it was first sent with
         self.next_id = 1
-        self.live: MqttSession | None = None
-        # Twisted's IDelayedCall, as callLater returns it.
-        self.expiry_timer: Any = None
-        self.will_timer: Any = None
-        self.pending_will: mq.Will | None = None      # a will waiting out its delay
-        self.left_at = 0                               # epoch ms of the last disconnect (0: connected)
-        self.user: str | None = None                   # who made it; another user may not take it over
 
     def packet_id_for(self, seq: int) -> int:
         """The packet id for a message: first choice derived from its sequence, so a
@@ -176,13 +156,6 @@ class ClientSession:
             pid = self.allocate_id()
         return pid
 
-    def state(self) -> bytes:
-        """What must outlive the process: expiry and the QoS 2 flows in progress."""
-        return json.dumps({
-            "expiry": self.expiry, "left_at": self.left_at,
-            "released": self.released, "inbound": sorted(self.inbound_qos2), "user": self.user,
-        }).encode()
-
     def allocate_id(self) -> int:
         busy = self.outbound
         for _ in range(65535):
@@ -191,6 +164,88 @@ class ClientSession:
             if pid not in busy and pid not in self.released:
                 return pid
         raise BrokerError("no free packet identifier")
+
+
+class ClientSession:
+    """What survives between connections of one client id (MQTT 4.1)."""
+
+    # One per MQTT client id, kept while its session lives: slots, for the memory of many idle devices.
+    __slots__ = (
+        "client_id", "queue", "durable", "expiry", "_filters", "_subs", "_shared", "_flows", "live", "expiry_timer",
+        "will_timer", "pending_will", "left_at", "user",
+    )
+
+    def __init__(self, client_id: str, queue: MessageQueue | None, durable: bool) -> None:
+        self.client_id = client_id
+        # A persistent session's queue exists from the start; a clean one's from its
+        # first subscription (MqttHub.clean_queue).
+        self.queue = queue
+        self.durable = durable
+        self.expiry = 0                     # seconds after disconnect; NEVER_EXPIRES
+        # Made on first use, as the flows are with the first QoS 1/2 one: an empty
+        # dict is 64 bytes, and eight of them were a sixth of an idle connection.
+        self._filters: dict[str, SubscriptionOptions] | None = None
+        self._subs: dict[str, Subscription] | None = None
+        self._shared: dict[str, tuple[str, str]] | None = None
+        self._flows: Flows | None = None
+        self.live: MqttSession | None = None
+        # Twisted's IDelayedCall, as callLater returns it.
+        self.expiry_timer: Any = None
+        self.will_timer: Any = None
+        self.pending_will: mq.Will | None = None      # a will waiting out its delay
+        self.left_at = 0                               # epoch ms of the last disconnect (0: connected)
+        self.user: str | None = None                   # who made it; another user may not take it over
+
+    @property
+    def filters(self) -> dict[str, SubscriptionOptions]:
+        """MQTT filter -> what its SUBSCRIBE asked; every filter of the session, shared ones included."""
+        found = self._filters
+        if found is None:
+            found = self._filters = {}
+        return found
+
+    @property
+    def subs(self) -> dict[str, Subscription]:
+        """MQTT filter -> its core subscription (not shared), routing into the session's queue."""
+        found = self._subs
+        if found is None:
+            found = self._subs = {}
+        return found
+
+    @property
+    def shared(self) -> dict[str, tuple[str, str]]:
+        """Shared MQTT filter -> (group, canonical filter)."""
+        found = self._shared
+        if found is None:
+            found = self._shared = {}
+        return found
+
+    @property
+    def subscribed(self) -> bool:
+        """Whether it ever had a subscription (reading without making the dicts)."""
+        return self._filters is not None
+
+    @property
+    def flows(self) -> Flows:
+        """Its QoS 1/2 flows, made on first use."""
+        flows = self._flows
+        if flows is None:
+            flows = self._flows = Flows()
+        return flows
+
+    @property
+    def has_flows(self) -> bool:
+        """Whether any QoS 1/2 flow was ever started (reading without making them)."""
+        return self._flows is not None
+
+    def state(self) -> bytes:
+        """What must outlive the process: expiry and the QoS 2 flows in progress."""
+        flows = self._flows
+        return json.dumps({
+            "expiry": self.expiry, "left_at": self.left_at,
+            "released": flows.released if flows is not None else {},
+            "inbound": sorted(flows.inbound_qos2) if flows is not None else [], "user": self.user,
+        }).encode()
 
 
 def build_message(broker: Broker, destination: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any]) -> Message:

@@ -274,7 +274,7 @@ class StompSession:
             offered = {v.strip() for v in accepted.split(",")}
             common = [v for v in VERSIONS if v in offered]
             if not common:
-                self._write(encode_frame(
+                self.write_out(encode_frame(
                     "ERROR",
                     (("version", ",".join(VERSIONS)), ("content-type", "text/plain"),
                      ("message", "Supported protocol versions are " + " ".join(VERSIONS))),
@@ -338,14 +338,14 @@ class StompSession:
             conn = self.broker.connect(client_id, protocol=f"stomp/{version}", remote=self.remote, user=self.principal.name)
         except UserLimit as exc:
             raise StompError("Connection refused", str(exc)) from None
-        conn.closer = self.close_by_admin
-        self.live = Connected(conn, Outbox(self.broker.turn_end, self.broker.when_durable, self._write))
+        conn.closer = self
+        self.live = Connected(conn, Outbox(self.broker.turn_end, self.broker, self))
         self.phase = Phase.CONNECTED
         self.label = f"{conn.id} {client_id or '-'}"
         out = [("version", version), ("server", SERVER_NAME), ("session", conn.id)]
         if version != "1.0":
             out.append(("heart-beat", self._negotiate_heartbeat(headers.get("heart-beat", "0,0"))))
-        self._write(encode_frame("CONNECTED", out, version=version))
+        self.write_out(encode_frame("CONNECTED", out, version=version))
         log.info("[{label}] connected from {remote} with STOMP {version}", label=self.label, remote=self.remote, version=version)
 
     def _negotiate_heartbeat(self, value: str) -> str:
@@ -382,7 +382,7 @@ class StompSession:
             self._fail("Heart-beat timeout", f"nothing received for {now - self._last_read:.1f} s")
             return
         if self._send_interval and now - self._last_write >= self._send_interval * 0.8:
-            self._write(b"\n")
+            self.write_out(b"\n")
         self._arm_heartbeat()
 
     def _on_disconnect(self, live: Connected, frame: Frame) -> None:
@@ -726,7 +726,7 @@ class StompSession:
         return tx
 
     def _on_begin(self, live: Connected, frame: Frame) -> None:
-        if len(live.conn.transactions) >= self.settings.max_transactions:
+        if live.conn.open_transactions >= self.settings.max_transactions:
             raise StompError("Too many transactions", f"at most {self.settings.max_transactions} open per connection")
         live.conn.begin(self._tx(frame))
 
@@ -738,7 +738,8 @@ class StompSession:
 
     # -- output and teardown -----------------------------------------------
 
-    def _write(self, data: bytes) -> None:
+    def write_out(self, data: bytes) -> None:
+        """Bytes to the client, now (the outbox decides when); nothing once closed."""
         if not self.closed:
             self._last_write = self._now()
             self.transport.write(data)
@@ -755,7 +756,7 @@ class StompSession:
         headers.append(("content-length", str(len(body))))
         if self.live is not None:
             self.live.outbox.submit()  # frames gathered before the error go out before it
-        self._write(encode_frame("ERROR", headers, body, version=self.version))
+        self.write_out(encode_frame("ERROR", headers, body, version=self.version))
         self._close()
 
     def close_by_admin(self, reason: str) -> None:

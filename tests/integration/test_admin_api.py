@@ -217,6 +217,13 @@ def test_mqtt_sessions_persistent_and_clean(api, handle):
     assert sessions["api-keeper"]["persistent"] is True and sessions["api-keeper"]["connected"] is True
     assert sessions["api-keeper"]["subscriptions"] == ["topic://api.alerts.>"]
     assert sessions["api-passer"]["persistent"] is False and sessions["api-passer"]["connected"] is True
+    # A clean session gets its queue with its first subscription; until then it shows an empty one.
+    assert sessions["api-passer"]["subscriptions"] == [] and sessions["api-passer"]["messages"] == 0
+    assert set(sessions["api-passer"]) == set(sessions["api-keeper"]) - {"expiry_interval", "disconnected_at"}
+    passer.subscribe("$share/api-group/api/shared/#", 1)  # a shared group's consumer comes first
+    passer.subscribe("api/passer/#", 1)
+    assert until(lambda: get(api, "/api/v1/mqtt-sessions/api-passer")[1]["subscriptions"] == ["topic://api.passer.>"])
+    assert get(api, "/api/v1/mqtt-sessions/api-passer")[1]["consumers"] == 1
 
     mqtt_close(keeper)
     assert until(lambda: not get(api, "/api/v1/mqtt-sessions/api-keeper")[1]["connected"])

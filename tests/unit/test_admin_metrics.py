@@ -50,7 +50,13 @@ def test_close_for_asks_the_session_and_only_once():
     conn = broker.connect("c", protocol="stomp/1.2")
     assert conn.close_for("why") is False  # no session registered a closer
     told = []
-    conn.closer = lambda reason: (told.append(reason), conn.close())
+
+    class Session:
+        def close_by_admin(self, reason: str) -> None:
+            told.append(reason)
+            conn.close()
+
+    conn.closer = Session()
     assert conn.close_for("maintenance") is True and told == ["maintenance"]
     assert conn.close_for("again") is False and told == ["maintenance"]
 

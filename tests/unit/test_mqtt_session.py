@@ -270,6 +270,23 @@ def test_suback_grants_the_requested_qos_and_refuses_invalid_filters(world, leve
 
 
 @BOTH
+def test_a_clean_session_gets_its_queue_with_its_first_subscription(world, level):
+    # An idle device that never subscribes costs no queue and no consumer (memory per connection).
+    pub = world.connected("pub", level)
+    pub.send(mq.Publish("lazy/kept", b"kept", 0, True))
+    idle = world.connected("idle", level)
+    client = world.hub.clients["idle"]
+    assert client.queue is None and world.broker.connection_count() == 2
+    assert not client.subscribed and not client.has_flows  # nor any of the dicts a subscription or a flow needs
+    assert [c for conn in world.broker.connections.values() for c in conn.consumers.values()] == []
+    assert idle.subscribe(2, ("lazy/#", 1)) == [1]
+    assert client.queue is not None and client.queue.name == "mqtt://idle" and len(client.queue.consumers) == 1
+    assert [(p.topic, p.payload) for p in idle.after_suback] == [("lazy/kept", b"kept")]
+    pub.send(mq.Publish("lazy/new", b"new"))
+    assert [(p.topic, p.payload) for p in idle.received()] == [("lazy/new", b"new")]
+
+
+@BOTH
 def test_qos0_publish_reaches_the_subscriber(world, level):
     sub, pub = world.pair("s/+", 0, level)
     pub.send(mq.Publish("s/x", b"zero"))

@@ -25,11 +25,21 @@ class Store:
             callback()
 
 
+class Writes:
+    """The session's side: what the outbox wrote, in order."""
+
+    def __init__(self, writes: list[bytes]) -> None:
+        self.writes = writes
+
+    def write_out(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
 def setup():
     deferred: list = []
     store = Store()
     writes: list[bytes] = []
-    return deferred, store, writes, Outbox(TurnEnd(deferred.append), store.when_durable, writes.append)
+    return deferred, store, writes, Outbox(TurnEnd(deferred.append), store, Writes(writes))
 
 
 def test_one_write_per_turn_in_order():
