@@ -42,6 +42,13 @@ CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
 
+# Seconds a client has to answer the broker's Close frame before its TCP
+# connection is aborted (autobahn's default).  Timed on the reactor: autobahn's
+# own timer rounds its deadline down to a whole second, so it fired after
+# anything from 0 to 1 s and could abort the connection before the Close
+# frame, and the ERROR before it, had left the broker.
+CLOSE_TIMEOUT = 1.0
+
 
 @dataclass
 class WebSocketSettings:
@@ -67,6 +74,7 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignor
     session: Session | None = None  # type: ignore[assignment]  # None until the handshake is done
     kind = ""
     _ping_call: Any = None
+    _close_call: Any = None
     _heard = 0.0
 
     def onConnect(self, request: Any) -> str | None:
@@ -141,10 +149,25 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignor
     def onMessageEnd(self) -> None:
         pass
 
+    def sendCloseFrame(self, code: int | None = None, reasonUtf8: bytes | None = None, isReply: bool = False) -> None:
+        """Every Close the broker starts (shutdown, an operator, a protocol error, a size limit)
+        gives the client CLOSE_TIMEOUT to answer before the connection is aborted."""
+        super().sendCloseFrame(code=code, reasonUtf8=reasonUtf8, isReply=isReply)
+        if not isReply and self.state == self.STATE_CLOSING and self._close_call is None:
+            self._close_call = self.factory.reactor.callLater(CLOSE_TIMEOUT, self._close_timed_out)
+
+    def _close_timed_out(self) -> None:
+        self._close_call = None
+        if self.state != self.STATE_CLOSED:
+            self.wasClean = False
+            self.wasNotCleanReason = f"the peer did not answer the Close frame within {CLOSE_TIMEOUT:g}s"
+            self.dropConnection(abort=True)
+
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
-        if self._ping_call is not None and self._ping_call.active():
-            self._ping_call.cancel()
-        self._ping_call = None
+        for call in (self._ping_call, self._close_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._ping_call = self._close_call = None
         if self.session is not None:
             self.factory.sessions.discard(self.session)
             self._closed()
@@ -216,6 +239,7 @@ class GatewayWebSocketFactory(WebSocketServerFactory):
             allowedOrigins=[_origin_pattern(o) for o in settings.allowed_origins],
             # Say why (1009 too big, 1002 protocol error) with a close frame instead of a bare drop.
             failByDrop=False,
+            closeHandshakeTimeout=0,  # timed here instead (CLOSE_TIMEOUT)
         )
 
     def path_hint(self, before: str, after: str = "") -> str:

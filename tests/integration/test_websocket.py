@@ -232,6 +232,33 @@ def test_a_peer_that_never_pongs_is_dropped(small):
     sock.close()
 
 
+def _send_masked(sock, opcode, payload):
+    mask = os.urandom(4)
+    assert len(payload) < 126
+    sock.sendall(bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+
+def test_a_peer_that_never_answers_the_close_frame_gets_the_whole_second(small):
+    # The broker starts the close (here for a protocol error): the ERROR and the Close
+    # frame arrive, and only a full CLOSE_TIMEOUT later is the connection dropped.
+    # autobahn's own timer rounded to whole seconds and dropped anywhere from 0 to 1 s.
+    sock, buffer = _raw_handshake(small.ws_port)
+    _send_masked(sock, 0x1, b"NOT-A-COMMAND\n\n\x00")
+    until = time.monotonic() + 5
+    seen, close_at = [], None
+    while time.monotonic() < until and None not in seen:
+        frames, buffer = _read_frames(sock, buffer, until)
+        if close_at is None and any(f is not None and f[0] == 0x8 for f in frames):
+            close_at = time.monotonic()
+        seen.extend(frames)
+    dropped_after = time.monotonic() - close_at
+    texts = [payload for opcode, payload in (f for f in seen if f is not None) if opcode == 0x1]
+    assert texts and texts[0].startswith(b"ERROR\n"), seen
+    assert [p[:2] for o, p in (f for f in seen if f is not None) if o == 0x8] == [(1002).to_bytes(2, "big")]
+    assert seen[-1] is None and 0.9 <= dropped_after < 2.0, dropped_after
+    sock.close()
+
+
 def test_pong_keeps_the_connection(small):
     with ws_connect(url(small), subprotocols=["v12.stomp"], origin="http://app.example") as ws:  # answers pings itself
         stomp_connect(ws)
