@@ -153,6 +153,10 @@ class RocksStore(Store):
         # Pipelined sync (with ``background``): batches written but not yet synced, as
         # (write number, their callbacks), oldest first; one sync runs at a time.
         self._written = 0
+        # The last write a completed sync covers.  A batch written while no callback
+        # waited is not synced at once: a callback that comes after it (a session
+        # hands its receipts over after the turn's flush) must still wait for a sync.
+        self._synced_to = 0
         self._unsynced: deque[tuple[int, list[Callable[[], None]]]] = deque()
         self._syncing = False
         self._sync_lock = threading.Lock()
@@ -306,7 +310,13 @@ class RocksStore(Store):
     def when_durable(self, callback: Callable[[], None]) -> None:
         # Immediate only when nothing is waiting: acknowledgements keep their order.
         if not self._ops and not self._callbacks and not self._hooks and not self._unsynced:
-            callback()
+            if self._synced_to >= self._written:
+                callback()
+                return
+            # Written, not yet synced: a sync begun now covers it.
+            self._unsynced.append((self._written, [callback]))
+            if not self._syncing:
+                self._start_sync()
             return
         self._callbacks.append(callback)
         if not self._flush_scheduled:
@@ -340,12 +350,13 @@ class RocksStore(Store):
             self._written += 1
         callbacks, self._callbacks = self._callbacks, []
         if self._background is None:
+            self._synced_to = self._written  # synced by the write itself (or never promised: sync = false)
             self._release(callbacks)
             return
         if callbacks:
             self._unsynced.append((self._written, callbacks))
         if wait:
-            if self._unsynced:
+            if self._unsynced or self._synced_to < self._written:
                 with self._sync_lock:
                     self.db.flush_wal(True)
                 self._synced(self._written)
@@ -380,6 +391,8 @@ class RocksStore(Store):
 
     def _synced(self, target: int) -> None:
         """Everything up to write ``target`` is on disk: release what waited for it, in order."""
+        if target > self._synced_to:
+            self._synced_to = target
         unsynced = self._unsynced
         while unsynced and unsynced[0][0] <= target:
             self._release(unsynced.popleft()[1])

@@ -24,6 +24,7 @@ from tests.support import (
     BrokerHandle,
     RawMqtt,
     bodies,
+    call,
     connect,
     disconnect,
     make_config,
@@ -840,3 +841,62 @@ def test_mqtt_messages_queued_after_a_pending_pubrel_survive_the_next_restart(br
     got = [p.payload for p in read_until_pingresp(r)]
     assert got == [b"second-%d" % i for i in range(1, 6)], "a PUBACKed message was lost"
     r.close()
+
+
+# -- confirmed only once synced ---------------------------------------------------
+
+
+class HeldSyncs:
+    """The store's fsync runner, held: a sync "still on the disk" is one the test has not let finish.
+
+    The only stand-in here: no test can make a real disk slow on purpose.
+    """
+
+    def __init__(self, handle: BrokerHandle) -> None:
+        self.store = handle.gateway.store
+        self.jobs: list[tuple[Callable[[], None], Callable[[BaseException | None], None]]] = []
+        self.real = self.store._background
+        call(setattr, self.store, "_background", lambda work, done: self.jobs.append((work, done)))
+
+    def held(self) -> int:
+        return call(len, self.jobs)
+
+    def finish_all(self) -> None:
+        def run() -> None:
+            while self.jobs:
+                work, done = self.jobs.pop(0)
+                work()
+                done(None)
+        call(run)
+
+    def stop_holding(self) -> None:
+        call(setattr, self.store, "_background", self.real)
+        self.finish_all()
+
+
+def test_receipts_and_pubacks_of_stored_messages_wait_for_their_fsync(tmp_path):
+    # The turn's batch is written before the sessions hand their confirmations over;
+    # with nothing else pending they were once released at once, before any fsync.
+    handle = BrokerHandle(make_config(tmp_path))
+    try:
+        syncs = HeldSyncs(handle)
+        keeper, _ = mqtt_connect(handle, "sync-keeper", clean=False)
+        keeper.subscribe("sync/#", 1)
+        time.sleep(0.3)
+        syncs.finish_all()  # the subscription's own write
+        client, got = connect(handle)
+        client.send("/queue/sync.check", "stored", headers={"persistent": "true"}, receipt="r1")
+        publisher, _ = mqtt_connect(handle, "sync-publisher")
+        info = publisher.publish("sync/x", b"stored for the keeper", qos=1)
+        time.sleep(0.5)
+        assert got.receipts == [] and not info.is_published() and syncs.held() >= 1
+        syncs.finish_all()
+        got.wait_for(1, what="receipts")
+        info.wait_for_publish(5)
+        assert got.receipts == ["r1"] and info.is_published()
+        syncs.stop_holding()
+        disconnect(client)
+        for c in (publisher, keeper):
+            mqtt_close(c)
+    finally:
+        handle.stop()

@@ -146,6 +146,23 @@ def test_pipelined_sync_releases_callbacks_only_after_a_sync_begun_after_their_w
     store.close()
 
 
+def test_a_callback_after_its_batch_was_written_still_waits_for_the_sync(path):
+    # A turn's store batch is flushed before its sessions hand their receipts over:
+    # the receipt then finds nothing pending, but its message is written and not synced.
+    turns, worker = [], Worker()
+    store = RocksStore(path, schedule=turns.append, background=worker)
+    answered = []
+    store.put_message("queue://q", 1, b"a")
+    turns.pop()()  # the turn's flush: written, and no callback waited, so no sync yet
+    store.when_durable(lambda: answered.append("receipt"))
+    assert answered == [] and len(worker.jobs) == 1  # a sync for it, begun now
+    worker.finish()
+    assert answered == ["receipt"]
+    store.when_durable(lambda: answered.append("nothing new"))
+    assert answered == ["receipt", "nothing new"] and worker.jobs == []  # synced already: at once
+    store.close()
+
+
 def one_batch_awaiting_its_sync(path):
     """A pipelined store with message 1 written, its callback waiting for the sync under way."""
     worker = Worker()
