@@ -355,6 +355,8 @@ class RocksStore(Store):
             return
         if callbacks:
             self._unsynced.append((self._written, callbacks))
+        if self._sync_failed is not None:
+            return  # nothing more is confirmed: a later fsync that succeeds says nothing of the lost data
         if wait:
             if self._unsynced or self._synced_to < self._written:
                 with self._sync_lock:
@@ -365,6 +367,8 @@ class RocksStore(Store):
 
     def _start_sync(self) -> None:
         assert self._background is not None
+        if self._sync_failed is not None:
+            return  # see _flush: never confirmed after a failed fsync
         self._syncing = True
         target = self._written
         self._background(self._sync_wal, lambda error: self._sync_done(target, error))

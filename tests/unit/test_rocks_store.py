@@ -196,6 +196,12 @@ def test_a_failed_sync_confirms_nothing_more_and_refuses_writes(path):
     assert answered == []
     with pytest.raises(StoreError, match="could not be synced: .*Input/output error"):
         store.put_message("queue://q", 2, b"b")
+    # A later confirmation starts no sync that could succeed and release the lost batch's
+    # callbacks (a second fsync reports success for pages the kernel already dropped).
+    store.when_durable(lambda: answered.append("later"))
+    store._scheduled_flush()
+    store.flush()
+    assert answered == [] and worker.jobs == []
     store.close()
 
 
