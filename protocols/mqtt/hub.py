@@ -220,11 +220,11 @@ class MqttHub:
         if client.durable:
             self.broker.remove_durable_queue(self.queue_key(client.client_id))
             self.broker.delete_state(self.queue_key(client.client_id))
-        elif client.subscribed:
-            for sub in client.subs.values():
+        else:
+            for sub in client.subs.values() if client.subscribed else ():
                 self.broker.remove_subscription(sub)
-        if not client.durable and client.queue is not None:
-            client.queue.purge()
+            if client.queue is not None:
+                client.queue.purge()
         if client.subscribed:
             client.subs.clear()
             client.filters.clear()

@@ -30,9 +30,9 @@ from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.destination import InvalidDestination
 from core.entry import Entry
-from core.queue import MessageQueue
 from core.errors import BrokerError, UserLimit
 from core.message import Message
+from core.queue import MessageQueue
 from core.retained import RetainedLimit
 from core.topic import Subscription
 from core.trie import filter_matches
