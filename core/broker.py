@@ -40,7 +40,7 @@ from core.storage import (
 from core.stream_config import NoStreams, StreamSpec
 from core.topic import MessageFilter, Options, Subscription, TopicSpace, VirtualTopics
 from core.turn import Defer, TurnEnd
-from persistence.store import Store
+from persistence.store import Store, StoreUnavailable
 
 if TYPE_CHECKING:
     from core.connection import Connection
@@ -154,7 +154,20 @@ class Broker:
             if call.active():
                 call.cancel()
         self._scheduled.clear()
-        self.store.flush()
+        try:
+            self.store.flush()
+        except StoreUnavailable:
+            pass  # the store says what it could not write when it closes
+
+    def store_recovered(self) -> None:
+        """The store writes again after a fault: queues that could not page in meanwhile go on.
+
+        (A non-durable topic subscriber's queue goes on with its next message.)
+        """
+        for queues in (self.queues, self.durable_queues):
+            for queue in list(queues.values()):
+                if queue.paged:
+                    queue.dispatch()
 
     def _schedule_sweep(self) -> None:
         interval = self.policy.expiry_check_interval

@@ -22,7 +22,7 @@ from core.consumer import Consumer
 from core.entry import Entry
 from core.message import Message, decode_message, encode_message
 from core.policy import Policy
-from persistence.store import Store
+from persistence.store import Store, StoreUnavailable
 
 PRIORITIES = 10
 # What an entry costs in memory beyond its body (the Entry, Message and dicts), roughly.
@@ -320,19 +320,25 @@ class MessageQueue:
         self.paged += 1
         return True
 
-    def _page_in(self) -> None:
+    def _page_in(self) -> bool:
         """Bring paged entries back, oldest first, up to the memory limit: from the
-        store and the spill store, merged by sequence."""
+        store and the spill store, merged by sequence.  False when a store cannot
+        write its pending batch (a full disk): the paged entries may be in it, so
+        they wait in place until the broker calls ``dispatch`` again on recovery."""
         sources: list[Iterator[tuple[int, Message, bool]]] = []
         # Reads see only written batches, and frames waiting for the store's sync
         # reach the socket: a consumer that cannot keep up is paused before more
         # is loaded for it (otherwise its backlog would move into its outbox).
-        self.host.store.flush()
+        spill = self.host.spill
+        try:
+            self.host.store.flush()
+            if self.spilled and spill is not None:
+                spill.flush()
+        except StoreUnavailable:
+            return False
         if self.storage is not None:
             sources.append(_tagged(self.storage.page(self.page_from), True))
-        spill = self.host.spill
         if self.spilled and spill is not None:
-            spill.flush()
             sources.append(_tagged(_decoded(spill.iter_messages(self.name, self.page_from)), False))
         budget = self.memory_limit - self.pending.bytes
         usage = self.pending.usage
@@ -362,6 +368,7 @@ class MessageQueue:
         self.paged = 0 if exhausted else max(0, self.paged - loaded)
         if exhausted:
             self.spilled = 0
+        return True
 
     def push_front(self, entries: list[Entry]) -> None:
         """Return entries for redelivery, ahead of newer ones, in their original order."""
@@ -445,10 +452,11 @@ class MessageQueue:
         self._busy = True
         try:
             again = True
+            readable = True
             while again:
                 self._again = False
                 if self.paged and self.pending.bytes < self.memory_limit // 2:
-                    self._page_in()
+                    readable = self._page_in()
                 targets = self.active_consumers()
                 if self._selectors or self._uses_groups:
                     self._dispatch_scan(targets)
@@ -456,7 +464,7 @@ class MessageQueue:
                     self._dispatch_simple(targets)
                 again = (self._again and self.pending.size > 0) or bool(
                     # Memory drained while the store still holds more: page in and go on.
-                    self.paged and self.pending.bytes < self.memory_limit // 2
+                    readable and self.paged and self.pending.bytes < self.memory_limit // 2
                     and any(c.has_credit() for c in targets)
                 )
         finally:

@@ -24,7 +24,7 @@ from core.errors import BrokerError
 from core.message import Message, decode_message, encode_message
 from core.storage import RETAINED_KIND
 from core.trie import filter_matches
-from persistence.store import Store
+from persistence.store import Store, StoreUnavailable
 
 _PREFIX = b"\x01R"  # never the start of a bare encoded message (version 1, then flags 0 or 1)
 _EXPIRATION = struct.Struct(">q")
@@ -175,7 +175,10 @@ class RetainedMessages:
             names.extend(name for name in bucket if filter_matches(filter_levels, topic_levels(name)))
         if not names:
             return []
-        self.store.flush()  # reads see written batches: a message retained this turn is in the pending one
+        try:
+            self.store.flush()  # reads see written batches: a message retained this turn is in the pending one
+        except StoreUnavailable:
+            pass  # a full disk: what is on it is sent; one retained since waits among the kept writes
         found = []
         for name in names:
             expiration = self.expiring.get(name)

@@ -35,31 +35,59 @@ def stored_size(entry: Entry) -> int:
 
 
 class StoreUsage:
-    """Bytes of messages the core keeps in the store, against the store limit.
+    """Bytes of messages the core keeps in the store, against the store limit, and the store's alarm.
 
     Counted by the core as it writes and deletes, so it is exact and O(1) to
     read, unlike a database's size figures that lag behind its compactions.
-    Producers held back because the limit was reached wait in ``when_space``
-    and are resumed once consumers bring usage under 90% of it.
+    ``alarm`` says why the store should take nothing more whatever the bytes:
+    the disk's free space under its floor, or writes that failed (set by the
+    gateway, which watches the disk).  Producers held back while ``full`` wait
+    in ``when_space`` and are resumed once there is no alarm and consumers
+    have brought usage under 90% of the limit.
     """
 
-    __slots__ = ("bytes", "limit", "waiters")
+    __slots__ = ("bytes", "limit", "waiters", "alarm", "alarm_title", "disk_free", "disk_free_limit", "faulted", "faults")
 
     def __init__(self, limit: int = 0) -> None:
         self.bytes = 0
         self.limit = limit
         self.waiters: list[Callable[[], None]] = []
+        self.alarm: str | None = None
+        self.alarm_title = ""
+        # What the gateway last read of the disk (-1: not watched) and the floor, for
+        # /metrics and $SYS; whether the store is in a fault now, and how many it had.
+        self.disk_free = -1
+        self.disk_free_limit = 0
+        self.faulted = False
+        self.faults = 0
 
     @property
     def full(self) -> bool:
-        return self.limit > 0 and self.bytes >= self.limit
+        return self.alarm is not None or (self.limit > 0 and self.bytes >= self.limit)
+
+    def refusal(self) -> tuple[str, str]:
+        """What a refused producer is told: a short title and the reason, naming the free space where that is why."""
+        if self.alarm is not None:
+            return self.alarm_title, self.alarm
+        return "Store limit reached", "the broker's store is full (store_limit); retry once consumers have caught up"
+
+    def set_alarm(self, title: str, reason: str | None) -> None:
+        """Raise (``reason``) or clear (None) the alarm; clearing resumes held producers if there is room."""
+        self.alarm_title = title if reason is not None else ""
+        self.alarm = reason
+        if reason is None:
+            self._resume()
 
     def add(self, n: int) -> None:
         self.bytes += n
 
     def sub(self, n: int) -> None:
         self.bytes = max(0, self.bytes - n)
-        if self.waiters and self.bytes < self.limit * 0.9:
+        if self.waiters:
+            self._resume()
+
+    def _resume(self) -> None:
+        if self.waiters and self.alarm is None and (self.limit <= 0 or self.bytes < self.limit * 0.9):
             waiters, self.waiters = self.waiters, []
             for resume in waiters:
                 resume()

@@ -437,12 +437,17 @@ class StreamSet:
         self._routes: dict[str, tuple[Partition, ...]] = {}
         self._dirty: list[Partition] = []
         self._hooked = False
+        self.appended = 0
 
     def get(self, name: str) -> Stream:
         stream = self.streams.get(name)
         if stream is None:
             raise UnknownStream(f"unknown stream {name!r}")
         return stream
+
+    def captures(self, destination: str) -> bool:
+        """Whether a message to ``destination`` would be appended to some stream."""
+        return any(s.matches(destination) for s in self.streams.values())
 
     # -- appending (the hot path) -----------------------------------------
 
@@ -457,6 +462,8 @@ class StreamSet:
             )
         if not targets:
             return
+        # Read by producers' sessions under the disk alarm: a record is stored whatever the message.
+        self.appended += 1
         for partition in targets:
             pending = partition.messages
             if not pending:

@@ -61,9 +61,13 @@ class NoStreams:
     """
 
     active = False
+    appended = 0
 
     def __init__(self) -> None:
         self.streams: dict[str, Stream] = {}
+
+    def captures(self, destination: str) -> bool:
+        return False
 
     def get(self, name: str) -> NoReturn:
         raise UnknownStream(f"unknown stream {name!r}")

@@ -45,6 +45,9 @@ class SysPublisher:
             "$SYS.broker.queues.messages": str(sum(len(q) + q.inflight for q in queues)),
             "$SYS.broker.queues.consumers": str(sum(len(q.consumers) for q in queues)),
             "$SYS.broker.store.bytes": str(broker.store_usage.bytes),
+            # The disk alarm or a failed write, in words ("ok" without one), and the free space last read.
+            "$SYS.broker.store.alarm": broker.store_usage.alarm or "ok",
+            "$SYS.broker.store.disk free": str(broker.store_usage.disk_free),
         }
 
     def publish(self) -> None:

@@ -114,6 +114,15 @@ def run(args: argparse.Namespace) -> int:
         if reactor.running:  # a standby that failed later; an immediate failure never ran it
             reactor.stop()
 
+    def fatal(why: str) -> None:
+        # The store failed beyond repair in this process: stop serving, exit non-zero.
+        print(f"gateway: stopping: {why}", file=sys.stderr)
+        outcome["code"] = 3
+        if reactor.running:
+            reactor.stop()
+
+    gateway.on_fatal = fatal
+
     def started(_: Any) -> None:
         # SIGINT/SIGTERM stop the reactor; this trigger runs first and is waited for.
         reactor.addSystemEventTrigger("before", "shutdown", gateway.stop)

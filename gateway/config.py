@@ -18,6 +18,7 @@ from core.policy import Policy
 from core.stream_config import StreamSpec
 from gateway.auth.settings import AuthSettings, parse_auth
 from gateway.tls import CLIENT_CERT_MODES
+from persistence.disk import parse_floor
 from protocols.mqtt.names import filter_to_canonical
 from protocols.mqtt.state import MqttSettings
 from protocols.stomp.codec import StompLimits
@@ -80,6 +81,15 @@ class PersistenceConfig:
     # deletes (acks) have accumulated, so deleted ranges do not hold space.
     compaction_interval: float = 60.0
     compaction_deletes: int = 100_000
+    # The disk's free space below which producers of anything stored are held or refused
+    # (store_full_policy), so the store never meets a full disk: bytes, or in the TOML file
+    # a share of the filesystem such as "5%" (kept here as 0.05); 0: no floor.
+    disk_free_limit: int | float = 1 << 30
+    # Seconds between checks of the free space (it is also checked after large writes).
+    disk_check_interval: float = 1.0
+    # After a failed write, seconds the broker waits for the store to write again once
+    # the disk has room above the floor; then it exits non-zero, for a restart to recover.
+    fault_exit_after: float = 120.0
 
 
 @dataclass
@@ -233,6 +243,12 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
                     raise ConfigError(f"[streams.{name}] name is the table's name; remove the key")
                 config.streams.append(spec)
         elif section == "persistence":
+            values = dict(values)
+            if "disk_free_limit" in values:
+                try:
+                    config.persistence.disk_free_limit = parse_floor(values.pop("disk_free_limit"))
+                except ValueError as exc:
+                    raise ConfigError(f"[persistence] disk_free_limit: {exc}") from None
             _apply(config.persistence, values, "persistence")
         elif section == "policy":
             _apply(config.policy, values, "policy")
@@ -276,6 +292,8 @@ def validate(config: Config) -> None:
     persistence = config.persistence
     if persistence.backend not in ("rocksdb", "memory"):
         raise ConfigError(f"[persistence] backend must be rocksdb or memory, got {persistence.backend!r}")
+    if persistence.disk_check_interval <= 0 or persistence.fault_exit_after <= 0:
+        raise ConfigError("[persistence] disk_check_interval and fault_exit_after must be positive")
     for name, patterns in persistence.groups.items():
         if not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"[persistence.groups] {name!r}: group names are letters, digits, - and _")

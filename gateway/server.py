@@ -19,6 +19,7 @@ from gateway.admin.auth import BasicGuard
 from gateway.admin.http import AdminSite
 from gateway.auth.security import Security, check_exposure
 from gateway.config import Config, ConfigError
+from gateway.storewatch import StoreWatch
 from gateway.tls import ServerTls, TlsError, TlsFiles, tls_factory
 from gateway.twisted_types import DelayedCall, ListeningPort, Reactor
 from persistence.memory import MemoryStore
@@ -87,6 +88,10 @@ class Gateway:
         # How to read the configuration again on SIGHUP (the CLI sets it: file and flags).
         self.reload_config: Callable[[], Config] | None = None
         self.access: Access = AllowAll()
+        self.storewatch: StoreWatch | None = None
+        # Told when the store fails beyond repair (the CLI exits non-zero); by default the gateway stops.
+        self.on_fatal: Callable[[str], None] = self._stop_on_fatal
+        self.fatal_error: str | None = None
 
     def _open_store(self) -> Store:
         if self._given_store is not None:
@@ -157,12 +162,24 @@ class Gateway:
         )
         self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
         self._housekeeping: DelayedCall | None = None
+        if isinstance(store, RocksStore):
+            spill = self.spill if isinstance(self.spill, RocksStore) else None
+            self.storewatch = StoreWatch(store, spill, self.broker, config.persistence, self.reactor, self._fatal)
+
+    def _fatal(self, why: str) -> None:
+        self.fatal_error = why
+        self.on_fatal(why)
+
+    def _stop_on_fatal(self, why: str) -> None:
+        self.stop()
 
     def reclaim(self, force: bool = False) -> bool:
         """Compact the store when enough has been deleted since the last time (or when forced)."""
         store = self.store
         if not isinstance(store, RocksStore):  # the memory store keeps no deleted ranges
             return False
+        if store.fault is not None:
+            return False  # nothing is written until the store recovers; a compaction would fail too
         deletes = store.deletes_since_compaction
         if not deletes or not (force or deletes >= self.config.persistence.compaction_deletes):
             return False
@@ -223,6 +240,8 @@ class Gateway:
         broker.start()
         hub.recover()
         publisher.start()
+        if self.storewatch is not None:
+            self.storewatch.start()
         if self.config.persistence.compaction_interval > 0:
             self._housekeeping = self.reactor.callLater(self.config.persistence.compaction_interval, self._housekeep)
         standby = self._standby
@@ -363,6 +382,8 @@ class Gateway:
             yield d
         if self._housekeeping is not None and self._housekeeping.active():
             self._housekeeping.cancel()
+        if self.storewatch is not None:
+            self.storewatch.stop()
         if self.guard.budget is not None:
             self.guard.budget.stop()
         if self.broker is not None:

@@ -25,6 +25,20 @@ Group commit
   meanwhile, and callbacks are released in order once a sync that began after
   their batch was written has finished.  An explicit ``flush()`` still writes
   and syncs at once (shutdown, and readers that want every callback released).
+
+A failed write or sync (a full disk)
+  confirms nothing from that batch on.  rocksdict consumes a WriteBatch when
+  it writes it, failed or not, so each batch's operations are also kept in a
+  list until a sync covers them.  From the failure on the store has a
+  ``fault``: later batches are not written (a batch must never land before
+  one that failed), only kept, and every callback waits.  ``recover`` writes
+  everything kept again, in order, and syncs; writing a batch that RocksDB
+  had applied already puts the same keys in the same order, so the end state
+  is the same.  RocksDB itself stops taking writes after such an error and
+  clears it once space returns (its SstFileManager polls the disk), flushing
+  every memtable to a new write-ahead log first, so nothing depends on the
+  log file that failed.  Errors other than a lack of space leave the fault
+  unrecoverable: the process must stop and recover from its log at start.
 """
 from __future__ import annotations
 
@@ -48,8 +62,9 @@ from rocksdict import (
 )
 from twisted.logger import Logger
 
+from persistence.disk import disk_space, human
 from persistence.stats import BATCH_OPS_BOUNDS, WRITE_SECONDS_BOUNDS, Buckets
-from persistence.store import Store, StoreError
+from persistence.store import Store, StoreError, StoreFault, StoreUnavailable, is_space_error
 
 log = Logger(namespace="gateway.persistence")
 
@@ -63,6 +78,12 @@ _DEST_INDEX = b"dest\x00"
 
 # Runs ``work`` on a worker thread, then ``done`` on the reactor thread with the error it raised, if any.
 Background = Callable[[Callable[[], None], Callable[[BaseException | None], None]], None]
+
+# One operation of a batch, kept to write it again: (family handle, key, value; None for a delete).
+Op = tuple["ColumnFamily | None", bytes, "bytes | None"]
+
+# Bytes of written batches kept for a sync after which a sync starts though nobody waits for one.
+KEEP_SYNC_BYTES = 4 * 1024 * 1024
 
 
 class StoreLocked(StoreError):
@@ -111,6 +132,10 @@ def _options(raw: bool = True) -> Options:
     # Smaller memtables than the default 64 MiB: a broker's data is short-lived,
     # and deleted ranges are given back sooner.
     options.set_write_buffer_size(16 * 1024 * 1024)
+    # A write-ahead log file is deleted only once every family has flushed what it holds,
+    # and the meta family fills its memtable slowly: without a bound, logs of
+    # long-acknowledged messages held hundreds of MiB (4 x every family's memtables).
+    options.set_max_total_wal_size(64 * 1024 * 1024)
     return options
 
 
@@ -160,9 +185,24 @@ class RocksStore(Store):
         self._unsynced: deque[tuple[int, list[Callable[[], None]]]] = deque()
         self._syncing = False
         self._sync_lock = threading.Lock()
-        self._sync_failed: BaseException | None = None
         self._batch = WriteBatch(raw_mode=True)
         self._ops = 0
+        # The pending batch's operations, and each batch's since the last completed sync
+        # (write number, operations): what a failed write or sync must write again.
+        self._log: list[Op] = []
+        self._kept: deque[tuple[int, list[Op], int]] = deque()  # (write number, operations, bytes)
+        self._kept_bytes = 0  # of the batches written and kept for a sync: one starts past KEEP_SYNC_BYTES
+        self._batch_start = 0  # bytes_written when the pending batch began
+        self._fault: StoreFault | None = None
+        # Told when a fault begins (the fault) and when the store is healthy again (None).
+        self.on_fault: Callable[[StoreFault | None], None] | None = None
+        self._nosync = WriteOptions()
+        self._nosync.sync = False
+        # Bytes of keys and values written; once past check_after, on_large_write is told
+        # after the batch (the disk's free space is checked there, not only on a timer).
+        self.bytes_written = 0
+        self.check_after = 0
+        self.on_large_write: Callable[[], None] | None = None
         self._callbacks: list[Callable[[], None]] = []
         self._hooks: list[Callable[[], None]] = []
         self._flush_scheduled = False
@@ -214,17 +254,18 @@ class RocksStore(Store):
     def _check(self) -> None:
         if self._closed:
             raise StoreError("store is closed")
-        if self._sync_failed is not None:
-            raise StoreError(f"the write-ahead log could not be synced: {self._sync_failed}")
 
     def _put(self, handle: ColumnFamily | None, key: bytes, value: bytes) -> None:
         self._check()
         self._batch.put(key, value, handle)
+        self._log.append((handle, key, value))
+        self.bytes_written += len(key) + len(value)
         self._grew()
 
     def _delete(self, handle: ColumnFamily | None, key: bytes, counted: bool = True) -> None:
         self._check()
         self._batch.delete(key, handle)
+        self._log.append((handle, key, None))
         if counted:
             self.deletes_since_compaction += 1
         self._grew()
@@ -328,6 +369,8 @@ class RocksStore(Store):
             self._arrange_flush()
 
     def flush(self) -> None:
+        if self._fault is not None:
+            self.recover()  # space may have come back since the last attempt
         self._flush(wait=True)
 
     def _flush(self, wait: bool) -> None:
@@ -341,34 +384,62 @@ class RocksStore(Store):
             self._flushing = False
         if self._ops:
             batch, self._batch = self._batch, WriteBatch(raw_mode=True)
+            log, self._log = self._log, []
             ops, self._ops = self._ops, 0
-            started = time.perf_counter()
-            self.db.write(batch, self._write_opt)
-            self.write_seconds.observe(time.perf_counter() - started)
-            self.batch_ops.observe(ops)
-            self.batches_written += 1
+            size, self._batch_start = self.bytes_written - self._batch_start, self.bytes_written
             self._written += 1
+            if self._fault is None:
+                started = time.perf_counter()
+                try:
+                    self.db.write(batch, self._write_opt)
+                except Exception as exc:  # rocksdict raises a plain Exception
+                    self._kept.append((self._written, log, size))
+                    self._failed(exc)
+                else:
+                    self.write_seconds.observe(time.perf_counter() - started)
+                    self.batch_ops.observe(ops)
+                    self.batches_written += 1
+                    if self._background is not None:
+                        self._kept.append((self._written, log, size))
+                        self._kept_bytes += size
+                        if self._kept_bytes >= KEEP_SYNC_BYTES and not self._syncing:
+                            # Writes nobody waits for (no receipts) are kept until a sync
+                            # covers them: bound that memory with a sync of their own.
+                            self._start_sync()
+                    if self.bytes_written >= self.check_after and self.on_large_write is not None:
+                        self.on_large_write()
+            else:
+                # Never written ahead of the batch that failed: kept, in order, for recover().
+                self._kept.append((self._written, log, size))
         callbacks, self._callbacks = self._callbacks, []
+        if self._fault is not None:
+            if callbacks:
+                self._unsynced.append((self._written, callbacks))
+            if wait:
+                raise StoreUnavailable(self.describe_fault())
+            return
         if self._background is None:
             self._synced_to = self._written  # synced by the write itself (or never promised: sync = false)
             self._release(callbacks)
             return
         if callbacks:
             self._unsynced.append((self._written, callbacks))
-        if self._sync_failed is not None:
-            return  # nothing more is confirmed: a later fsync that succeeds says nothing of the lost data
         if wait:
             if self._unsynced or self._synced_to < self._written:
-                with self._sync_lock:
-                    self.db.flush_wal(True)
+                try:
+                    with self._sync_lock:
+                        self.db.flush_wal(True)
+                except Exception as exc:
+                    self._failed(exc)
+                    raise StoreUnavailable(self.describe_fault()) from None
                 self._synced(self._written)
         elif self._unsynced and not self._syncing:
             self._start_sync()
 
     def _start_sync(self) -> None:
         assert self._background is not None
-        if self._sync_failed is not None:
-            return  # see _flush: never confirmed after a failed fsync
+        if self._fault is not None:
+            return  # see _flush: nothing is confirmed until recover() has written it all again
         self._syncing = True
         target = self._written
         self._background(self._sync_wal, lambda error: self._sync_done(target, error))
@@ -384,22 +455,98 @@ class RocksStore(Store):
         if self._closed:
             return
         if error is not None:
-            # Data the kernel could not write may be gone (fsync does not report it twice):
-            # nothing more is confirmed, and every later write fails, as PostgreSQL does.
-            self._sync_failed = error
-            log.critical("the write-ahead log could not be synced; the store refuses writes: {e}", e=error)
+            # What the kernel could not write may be gone (fsync does not report it twice):
+            # a later sync proves nothing of it, so it is written again before anything is confirmed.
+            self._failed(error)
             return
+        # Everything up to target was written before this sync began: on disk, whatever failed since.
         self._synced(target)
-        if self._unsynced:
+        if self._unsynced and self._fault is None:
             self._start_sync()
 
     def _synced(self, target: int) -> None:
         """Everything up to write ``target`` is on disk: release what waited for it, in order."""
         if target > self._synced_to:
             self._synced_to = target
+        kept = self._kept
+        while kept and kept[0][0] <= target:
+            self._kept_bytes -= kept.popleft()[2]
         unsynced = self._unsynced
         while unsynced and unsynced[0][0] <= target:
             self._release(unsynced.popleft()[1])
+
+    # -- faults ---------------------------------------------------------------
+
+    @property
+    def fault(self) -> StoreFault | None:
+        return self._fault
+
+    def describe_fault(self) -> str:
+        fault = self._fault
+        if fault is None:
+            return "the store is healthy"
+        return f"the store could not write to {self.path}: {fault.error}"
+
+    def _failed(self, error: BaseException) -> None:
+        if self._fault is not None:
+            self._fault.last_error = str(error)
+            return
+        self._fault = StoreFault(str(error), is_space_error(error), time.monotonic())
+        kept_ops = sum(len(log) for _, log, _ in self._kept)
+        try:
+            free = human(disk_space(self.path)[0])
+        except OSError:
+            free = "unknown"
+        # Once, not per batch: the broker reports the fault's progress itself (health, metrics, $SYS).
+        log.error(
+            "store write failed at {path} ({free} free): {error}; nothing more is confirmed until "
+            "every kept write ({ops} operations) is written again and synced",
+            path=self.path, free=free, error=str(error), ops=kept_ops,
+        )
+        if self.on_fault is not None:
+            self.on_fault(self._fault)
+
+    def recover(self) -> bool:
+        """Write everything kept since the last sync again, in order, and sync: True once healthy.
+
+        Only a fault for want of space is tried (RocksDB refuses writes until its own
+        recovery has found room again, so an early attempt fails at once and costs
+        nothing); after any other error the process cannot vouch for its log.
+        """
+        fault = self._fault
+        if fault is None:
+            return True
+        if self._closed or self._syncing or not fault.space:
+            return False  # a sync still running on its worker thread reports first
+        fault.attempts += 1
+        try:
+            for _, ops, _ in self._kept:
+                batch = WriteBatch(raw_mode=True)
+                for handle, key, value in ops:
+                    if value is None:
+                        batch.delete(key, handle)
+                    else:
+                        batch.put(key, value, handle)
+                self.db.write(batch, self._nosync)
+            if self.sync:
+                with self._sync_lock:
+                    self.db.flush_wal(True)
+        except Exception as exc:
+            fault.last_error = str(exc)
+            return False
+        batches = len(self._kept)
+        self._fault = None
+        self._kept.clear()
+        self._kept_bytes = 0
+        self.batches_written += batches
+        log.info(
+            "store at {path} writes again after {s:.1f}s: {n} kept batches written and synced",
+            path=self.path, s=time.monotonic() - fault.since, n=batches,
+        )
+        self._synced(self._written)
+        if self.on_fault is not None:
+            self.on_fault(None)
+        return True
 
     @staticmethod
     def _release(callbacks: list[Callable[[], None]]) -> None:
@@ -496,15 +643,28 @@ class RocksStore(Store):
     def close(self) -> None:
         if self._closed:
             return
-        self.flush()
+        try:
+            self.flush()
+        except StoreUnavailable as exc:
+            # Never confirmed, so nothing promised is lost; but say what is dropped.
+            log.error(
+                "closing with {n} operations never written ({why}): the messages among them were never confirmed",
+                n=sum(len(ops) for _, ops, _ in self._kept) + self._ops, why=str(exc),
+            )
         with self._sync_lock:  # a sync still running on its worker thread finishes first
-            if self._background is not None and self._sync_failed is None:
+            if self._background is not None and self._fault is None:
                 self.db.flush_wal(True)  # writes no callback waited for, too
             self._closed = True
-        # The LOCK is only released once no column-family handle is alive.
+        # The LOCK is only released once no column-family handle is alive (kept operations hold some).
+        self._kept.clear()
+        self._log = []
+        self._batch = WriteBatch(raw_mode=True)
         self._families.clear()
         # Dropped, not set to None: every method checks _closed before it would use them.
         self._meta_handle = None
         del self._meta
-        self.db.close()
+        try:
+            self.db.close()
+        except Exception as exc:  # RocksDB reports its background error again (a full disk): the files stay as synced
+            log.error("store {path} closed with an error: {error}", path=self.path, error=str(exc))
         del self.db

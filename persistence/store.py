@@ -17,15 +17,57 @@ Writes are not durable when the call returns.  They join the current batch;
 is on disk.  That is the group-commit contract receipts and PUBACKs rely on:
 answer only from such a callback.  Reads (``iter_*``) see what has been
 written, not the pending batch: call ``flush`` first where that matters.
+
+A write or sync that fails (a full disk) confirms nothing: no callback that
+waits for that batch or any later one runs until the store has written them
+all again and synced.  The store then has a ``fault`` and goes on taking
+writes, in order, while ``recover`` is tried; ``flush`` raises
+``StoreUnavailable`` meanwhile.
 """
 from __future__ import annotations
 
 import abc
+import errno
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 
 class StoreError(Exception):
     """The store cannot do what was asked (closed, locked, corrupt)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot write now (a full disk, a failed write): what waits for the disk waits on.
+
+    Raised by ``flush`` where a caller needs the pending writes readable, so it
+    can put off what it meant to read (a page-in, a browse) until the store
+    is healthy again.  Writes are still accepted meanwhile: they are kept, in
+    order, and written once the store recovers.
+    """
+
+
+@dataclass
+class StoreFault:
+    """Why a store stopped confirming: the first error of a run of failed writes or syncs.
+
+    ``space``: the disk ran out of space, which the store waits out (writing
+    everything it kept once space returns); any other error is one the process
+    cannot trust itself to recover from.
+    """
+
+    error: str
+    space: bool
+    since: float  # time.monotonic() of the first failure
+    attempts: int = 0  # recoveries tried since
+    last_error: str = ""
+
+
+def is_space_error(error: BaseException) -> bool:
+    """A write that failed for want of disk space (RocksDB's NoSpace, ENOSPC, a space limit)."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    text = str(error)
+    return "No space left on device" in text or "NoSpace" in text or "Max allowed space was reached" in text
 
 
 class Store(abc.ABC):
@@ -100,3 +142,12 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    @property
+    def fault(self) -> StoreFault | None:
+        """Set while the store confirms nothing (writes failed); None when healthy."""
+        return None
+
+    def recover(self) -> bool:
+        """Try to write what a fault held back; True once healthy (at once for a store that cannot fail)."""
+        return True

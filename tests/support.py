@@ -7,13 +7,17 @@ tests are isolated and never collide on ports.  Clients are the real ones
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import socket
 import struct
+import subprocess
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+import pytest
 import stomp
 from twisted.internet import threads
 
@@ -84,8 +88,33 @@ class BrokerHandle:
         call(self.gateway.stop)
 
 
+@contextlib.contextmanager
+def small_filesystem(directory: Any, size: str) -> Iterator[str]:
+    """A real filesystem of ``size`` ("48m") mounted at ``directory``: a tmpfs, for a disk that fills.
+
+    Mounting needs root (CI runs as root); elsewhere the test is skipped, saying why.
+    """
+    path = str(directory)
+    os.makedirs(path, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs for a full disk here ({mounted.stderr.strip()}); run as root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def resize_filesystem(path: str, size: str) -> None:
+    """Give a ``small_filesystem`` more (or less) room, as an operator growing a volume."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", path], check=True, capture_output=True)
+
+
 def make_config(tmp_path: Any, **policy: Any) -> Config:
     config = Config(data_dir=str(tmp_path / "data"), shutdown_timeout=1.0)
+    # The default floor (1 GiB) would hold every persistent producer on a CI disk with less
+    # free: the tests of the floor set their own on a small filesystem.
+    config.persistence.disk_free_limit = 16 * 1024 * 1024
     for key, value in policy.items():
         setattr(config.policy, key, value)
     return config

@@ -46,7 +46,7 @@ def admin_site(
     audit = getattr(getattr(guard, "audit", None), "write", None)
     QueueActions(broker, audit).install(router)
     SessionActions(broker, audit).install(router)
-    HealthAPI("master", broker_readiness(broker)).install(router)
+    HealthAPI("master", broker_readiness(broker), lambda: broker.store_usage.alarm).install(router)
     MetricsAPI(BrokerCollector(
         broker, version, settings.metrics_max_destinations, settings.metrics_destinations, logins,
     )).install(router)

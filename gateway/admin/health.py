@@ -25,7 +25,10 @@ STANDBY = "standby: waiting for the store lock held by another broker"
 
 def broker_readiness(broker: Broker) -> Readiness:
     def why_not() -> str | None:
-        if broker.store_usage.full:
+        usage = broker.store_usage
+        if usage.alarm is not None:
+            return usage.alarm  # the disk's free space or a failed write, with the free bytes
+        if usage.full:
             return "the store is full (store_limit): persistent messages are held or refused"
         return None
 
@@ -33,16 +36,21 @@ def broker_readiness(broker: Broker) -> Readiness:
 
 
 class HealthAPI:
-    def __init__(self, role: str, readiness: Readiness) -> None:
+    def __init__(self, role: str, readiness: Readiness, alarm: Readiness | None = None) -> None:
         self.role = role
         self.readiness = readiness
+        # The store's alarm, said by health too: the process is alive, but an operator should look.
+        self.alarm = alarm
 
     def install(self, router: Router) -> None:
         router.add("/api/v1/health", public=True, get=self.health)
         router.add("/api/v1/ready", public=True, get=self.ready)
 
     def health(self, request: server.Request) -> Any:
-        return json_body(200, {"status": "ok", "role": self.role})
+        why = self.alarm() if self.alarm is not None else None
+        if why is None:
+            return json_body(200, {"status": "ok", "role": self.role})
+        return json_body(200, {"status": "ok", "role": self.role, "store": why})
 
     def ready(self, request: server.Request) -> Any:
         why = self.readiness()

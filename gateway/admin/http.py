@@ -18,6 +18,7 @@ from twisted.web.resource import Resource
 
 from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal
 from gateway.twisted_types import connected_transport
+from persistence.store import StoreUnavailable
 
 log = Logger(namespace="gateway.admin")
 
@@ -225,6 +226,10 @@ class Router(Resource):
                 result = handler(request, **params)
             except HttpError as exc:
                 return self._finish(request, error_body(exc))
+            except StoreUnavailable as exc:
+                # A read that needs the store's pending writes (a browse, a purge of a paged
+                # queue) while the disk is full: retry once it writes again (/api/v1/ready says when).
+                return self._finish(request, error_body(HttpError(503, str(exc), "store_unavailable")))
             except Exception:
                 log.failure("admin request {method} {path} failed", method=method, path=path)
                 return self._finish(request, error_body(HttpError(500, "internal error; see the broker's log", "internal_error")))
@@ -245,6 +250,9 @@ class Router(Resource):
     def _failed(self, request: server.Request, failure: Any, method: str, path: str) -> None:
         if failure.check(HttpError):
             self._finish(request, error_body(failure.value), deferred=True)
+            return
+        if failure.check(StoreUnavailable):
+            self._finish(request, error_body(HttpError(503, str(failure.value), "store_unavailable")), deferred=True)
             return
         log.failure("admin request {method} {path} failed", failure, method=method, path=path)
         self._finish(request, error_body(HttpError(500, "internal error; see the broker's log", "internal_error")), deferred=True)

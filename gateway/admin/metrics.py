@@ -229,7 +229,18 @@ class BrokerCollector(Collector):
         yield GaugeMetricFamily("gateway_store_usage_bytes", "Bytes of persistent messages in the store, as the store limit counts them",
                                 value=usage.bytes)
         yield GaugeMetricFamily("gateway_store_limit_bytes", "The store limit (store_limit; 0: none)", value=usage.limit)
-        yield GaugeMetricFamily("gateway_store_full", "1 while the store limit is reached", value=1 if usage.full else 0)
+        yield GaugeMetricFamily("gateway_store_full", "1 while producers of stored messages are held or refused (store limit or alarm)",
+                                value=1 if usage.full else 0)
+        if usage.disk_free >= 0:
+            yield GaugeMetricFamily("gateway_disk_free_bytes", "Free bytes on the store's filesystem, as last checked",
+                                    value=usage.disk_free)
+            yield GaugeMetricFamily("gateway_disk_free_limit_bytes", "The free-space floor (disk_free_limit; 0: none)",
+                                    value=usage.disk_free_limit)
+        yield GaugeMetricFamily("gateway_store_alarm", "1 while the disk is below its floor or the store cannot write",
+                                value=1 if usage.alarm is not None else 0)
+        yield GaugeMetricFamily("gateway_store_fault", "1 while the store cannot write (nothing is confirmed)",
+                                value=1 if usage.faulted else 0)
+        yield CounterMetricFamily("gateway_store_faults", "Runs of failed store writes since start", value=usage.faults)
         store = broker.store
         if not isinstance(store, RocksStore):
             return

@@ -172,9 +172,15 @@ class PublishAPI:
         (sent, duplicates dropped) once what they stored is on disk.  The console's send uses it too."""
         broker = self.broker
         usage = broker.store_usage
-        if usage.full and any(m.persistent for m in messages):
+        if usage.full and (
+            any(m.persistent for m in messages)
+            # Under the disk alarm a stream's record is stored whatever the message.
+            or (usage.alarm is not None and any(broker.streams.captures(m.destination) for m in messages))
+        ):
             if broker.policy.store_full_policy == "fail":
-                raise HttpError(503, "the broker's store is full; retry once consumers have caught up", "store_full")
+                if usage.alarm is not None:
+                    raise HttpError(507, usage.alarm, "insufficient_storage")
+                raise HttpError(503, usage.refusal()[1], "store_full")
             waiting: defer.Deferred[Answer] = defer.Deferred()
 
             def route() -> None:

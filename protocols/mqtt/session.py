@@ -516,9 +516,10 @@ class MqttSession:
                 return
         usage = self.broker.store_usage
         if qos and usage.full and self.broker.policy.store_full_policy == "fail":
-            self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, "the broker's store is full")
+            self._reject_publish(packet, ReasonCode.QUOTA_EXCEEDED, usage.refusal()[1])
             return
         stored_before = usage.bytes
+        appended_before = self.broker.streams.appended
         try:
             destination = self._publish_destination(topic)
             if self._checked and not self._may_publish(destination, live.client.client_id):
@@ -546,10 +547,15 @@ class MqttSession:
         except (InvalidTopic, BrokerError) as exc:
             self._reject_publish(packet, ReasonCode.TOPIC_NAME_INVALID, str(exc))
             return
-        if qos and usage.full and usage.bytes > stored_before and not self._held and self.broker.policy.store_full_policy == "block":
+        if usage.full and not self._held and (
+            (qos and usage.bytes > stored_before and self.broker.policy.store_full_policy == "block")
+            or (usage.alarm is not None and self.broker.streams.appended > appended_before)
+        ):
             # Producer flow control: read nothing more from this client until there is room.
+            # Under the disk alarm a stream record (QoS 0 too) holds its publisher by either
+            # policy: it is stored, and there is nothing to refuse it with once routed.
             self._held = True
-            log.info("[{label}] store limit reached: holding this publisher", label=self.label)
+            log.info("[{label}] {why}: holding this publisher", label=self.label, why=usage.refusal()[1])
             self.transport.pause_reading("store limit")
             usage.when_space(self._release_hold)
         if qos == 1:

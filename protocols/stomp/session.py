@@ -493,8 +493,10 @@ class StompSession:
                 pass
         usage = broker.store_usage
         if persistent and usage.full and broker.policy.store_full_policy == "fail":
-            raise StompError("Store limit reached", "the broker's store is full; retry once consumers have caught up")
+            title, why = usage.refusal()
+            raise StompError(title, why)
         stored_before = usage.bytes
+        appended_before = broker.streams.appended
         custom = {k: v for k, v in h.items() if k not in _SEND_CONTROL} if not h.keys() <= _SEND_CONTROL else {}
         if custom and "x-message-ttl" in custom:
             self._relative_expiry(h, expiration)  # refused, saying what to use instead
@@ -509,15 +511,17 @@ class StompSession:
                 reply_to=reply_to, content_type=h.get("content-type"),
             )
             live.conn.send(message, transaction, delay)
-        if (
-            persistent and usage.full and usage.bytes > stored_before
-            and not self._held and broker.policy.store_full_policy == "block"
+        if usage.full and not self._held and (
+            (persistent and usage.bytes > stored_before and broker.policy.store_full_policy == "block")
+            or (usage.alarm is not None and broker.streams.appended > appended_before)
         ):
             # Only a send that was stored holds the producer: a persistent message
-            # to a topic nobody durably follows costs the store nothing.
+            # to a topic nobody durably follows costs the store nothing.  Under the
+            # disk alarm a stream record is stored too, whatever the message, and
+            # cannot be refused once routed: its producer is held by either policy.
             # Producer flow control: read nothing more from this client until there is room.
             self._held = True
-            log.info("[{label}] store limit reached: holding this producer", label=self.label)
+            log.info("[{label}] {why}: holding this producer", label=self.label, why=usage.refusal()[1])
             self.transport.pause_reading("store limit")
             usage.when_space(self._release_hold)
 

@@ -33,6 +33,9 @@ def test_toml_then_flags_override(tmp_path):
     ("[broker]\nlog_level = 'loud'\n", "log level"),
     ("[policy]\ndead_letter_queue = '/queue/DLQ'\n", "queue://"),
     ("not toml [", "gw.toml"),
+    ("[persistence]\ndisk_free_limit = '5'\n", "disk_free_limit: .*percentage"),
+    ("[persistence]\ndisk_free_limit = -1\n", "disk_free_limit: bytes must be 0 or more"),
+    ("[persistence]\ndisk_check_interval = 0\n", "must be positive"),
 ])
 def test_bad_files_name_the_problem(tmp_path, text, error):
     path = tmp_path / "gw.toml"
@@ -44,3 +47,13 @@ def test_bad_files_name_the_problem(tmp_path, text, error):
 def test_missing_file():
     with pytest.raises(ConfigError, match="cannot read"):
         load("/nonexistent/gw.toml")
+
+
+def test_disk_free_limit_is_a_gibibyte_by_default_bytes_or_a_share(tmp_path):
+    assert load().persistence.disk_free_limit == 1 << 30
+    path = tmp_path / "gw.toml"
+    path.write_text("[persistence]\ndisk_free_limit = '5%'\nfault_exit_after = 30\n")
+    config = load(str(path))
+    assert config.persistence.disk_free_limit == 0.05 and config.persistence.fault_exit_after == 30.0
+    path.write_text("[persistence]\ndisk_free_limit = 536870912\n")
+    assert load(str(path)).persistence.disk_free_limit == 536870912

@@ -1,12 +1,16 @@
 """The RocksDB store on a real disk: ranges, records, groups, group commit, the lock."""
 from __future__ import annotations
 
+import errno
 import gc
+import os
+import time
 
 import pytest
 
-from persistence.rocks import GroupConfig, RocksStore, StoreLocked, _pattern_matches
-from persistence.store import StoreError
+from persistence.rocks import KEEP_SYNC_BYTES, GroupConfig, RocksStore, StoreLocked, _pattern_matches
+from persistence.store import StoreError, StoreUnavailable
+from tests.support import resize_filesystem, small_filesystem
 
 
 @pytest.fixture
@@ -190,19 +194,112 @@ def test_explicit_flush_syncs_at_once_and_a_late_sync_changes_nothing(path):
     reopened.close()
 
 
-def test_a_failed_sync_confirms_nothing_more_and_refuses_writes(path):
+def test_a_failed_sync_confirms_nothing_and_an_error_other_than_space_is_never_recovered(path):
     store, worker, answered = one_batch_awaiting_its_sync(path)
-    worker.finish(OSError(5, "Input/output error"))
+    worker.finish(OSError(errno.EIO, "Input/output error"))
     assert answered == []
-    with pytest.raises(StoreError, match="could not be synced: .*Input/output error"):
-        store.put_message("queue://q", 2, b"b")
-    # A later confirmation starts no sync that could succeed and release the lost batch's
-    # callbacks (a second fsync reports success for pages the kernel already dropped).
+    assert store.fault is not None and not store.fault.space and "Input/output error" in store.fault.error
+    # Writes are still taken (kept, in order), but a later confirmation starts no sync that
+    # could succeed and release the lost batch's callbacks (fsync does not report twice).
+    store.put_message("queue://q", 2, b"b")
     store.when_durable(lambda: answered.append("later"))
     store._scheduled_flush()
-    store.flush()
     assert answered == [] and worker.jobs == []
+    with pytest.raises(StoreUnavailable, match="could not write .*Input/output error"):
+        store.flush()
+    assert store.recover() is False and answered == []
+    store.close()  # says what it could not write; does not raise
+
+
+def test_after_a_sync_failed_for_space_recover_writes_everything_again_in_order(path):
+    store, worker, answered = one_batch_awaiting_its_sync(path)
+    store.put_message("queue://q", 2, b"b")
+    store.when_durable(lambda: answered.append(2))
+    store._scheduled_flush()  # written; waits for the next sync
+    worker.finish(OSError(errno.ENOSPC, "No space left on device"))
+    assert store.fault is not None and store.fault.space and answered == []
+    # After the fault nothing more is written (it would land before what must be written
+    # again), so a delete of message 1 and a new message 3 wait in order.
+    store.delete_message("queue://q", 1)
+    store.put_message("queue://q", 3, b"c")
+    store.when_durable(lambda: answered.append(3))
+    store._scheduled_flush()
+    assert store.get_message("queue://q", 3) is None and answered == [] and worker.jobs == []
+    assert store.recover() is True
+    assert store.fault is None and answered == [1, 2, 3]
+    assert [seq for seq, _ in store.iter_messages("queue://q")] == [2, 3]
+    store.when_durable(lambda: answered.append("after"))  # healthy again: nothing waits
+    assert answered[-1] == "after"
     store.close()
+    gc.collect()
+    reopened = RocksStore(path)
+    assert [(seq, data) for seq, data in reopened.iter_messages("queue://q")] == [(2, b"b"), (3, b"c")]
+    reopened.close()
+
+
+def test_writes_nobody_waits_for_are_synced_once_their_kept_copies_pass_a_bound(path):
+    # A batch's operations are kept until a sync covers them (a failed sync writes them
+    # again); without receipts no sync would come, and a flood would be kept whole.
+    turns, worker = [], Worker()
+    store = RocksStore(path, schedule=turns.append, background=worker)
+    body = b"x" * (64 * 1024)
+    seq = 0
+    while not worker.jobs:
+        store.put_message("queue://q", seq, body)
+        turns.pop()()
+        seq += 1
+    assert seq * len(body) >= KEEP_SYNC_BYTES > (seq - 1) * len(body)
+    worker.finish()
+    assert store._kept_bytes == 0 and not store._kept
+    store.close()
+
+
+def test_a_full_disk_confirms_only_what_is_on_it_and_the_rest_once_space_returns(tmp_path):
+    """The data loss of issue 24, at the store: a write that failed had its callback released
+    by the next turn's sync (one receipt per lost message).  A real disk fills here."""
+    with small_filesystem(tmp_path / "disk", "24m") as disk:
+        path = os.path.join(disk, "store")
+        turns, worker = [], Worker()
+        store = RocksStore(path, schedule=turns.append, background=worker)
+        confirmed: list[int] = []
+        body = os.urandom(4000)
+
+        def turn() -> None:
+            # As the reactor runs a turn: a failing call is logged, and the next turn comes.
+            while turns:
+                try:
+                    turns.pop(0)()
+                except Exception:
+                    pass
+            while worker.jobs:
+                worker.finish()
+
+        seq = 0
+        while seq < 12_000 and seq - len(confirmed) < 50:  # 48 MB cannot fit: confirmations must stop
+            store.put_message("queue://q", seq, body)
+            store.when_durable(lambda seq=seq: confirmed.append(seq))
+            turn()
+            seq += 1
+        written = list(confirmed)
+        assert written == list(range(len(written))) and len(written) < seq - 1, "the disk never filled"
+        # Turns with nothing to write, and a receipt that arrives after them: no sync may release anything now.
+        for _ in range(3):
+            store.when_durable(lambda: confirmed.append(-1))
+            turn()
+        assert confirmed == written, f"{len(confirmed) - len(written)} confirmed that are not on the disk"
+        assert store.fault is not None and store.fault.space
+        resize_filesystem(disk, "200m")
+        deadline = time.monotonic() + 30
+        while not store.recover():
+            assert time.monotonic() < deadline, f"no recovery: {store.fault}"
+            time.sleep(0.25)
+        assert confirmed[:len(written)] == written
+        assert sorted(s for s in confirmed if s >= 0) == list(range(seq)) and confirmed.count(-1) == 3
+        store.close()
+        gc.collect()
+        reopened = RocksStore(path)
+        assert [s for s, data in reopened.iter_messages("queue://q") if data == body] == list(range(seq))
+        reopened.close()
 
 
 def test_close_waits_for_a_sync_on_its_worker_thread(path):
