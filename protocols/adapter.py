@@ -148,11 +148,19 @@ class Guarded:
         raise NotImplementedError
 
 
+# Seconds a closed connection still reads what its client sends before it is reset, once
+# its last byte is out; and how long that last output may take to go out at all.
+LINGER_SECONDS = 2.0
+DRAIN_SECONDS = 30.0
+
+
 @implementer(interfaces.IPushProducer)
 class SessionProtocol(Guarded, protocol.Protocol):
     # Plain TCP: the socket and its Twisted connection, for writes that go straight out (``write``).
     _socket: socket.socket | None = None
     _tcp: Any = None
+    # Set once closing: the timer that ends a lingering close (see close).
+    _linger: Any = None
 
     def __init__(self, factory: "SessionFactory") -> None:
         self.factory = factory
@@ -173,9 +181,13 @@ class SessionProtocol(Guarded, protocol.Protocol):
             self._socket = transport.socket
 
     def dataReceived(self, data: bytes) -> None:
-        self._feed(data)
+        if self._linger is None:
+            self._feed(data)
 
     def connectionLost(self, reason: Any = None) -> None:
+        linger = self._linger
+        if linger is not None and linger.active():
+            linger.cancel()
         self.factory.sessions.discard(self.session)
         self._closed()
         self.session.connection_lost()
@@ -210,9 +222,33 @@ class SessionProtocol(Guarded, protocol.Protocol):
         connected(self.transport).resumeProducing()
 
     def close(self) -> None:
+        """Close after what the session wrote, lingering on plain TCP so that the client reads it.
+
+        A socket closed with unread input is reset, not closed: the client's
+        kernel may then drop the last frames before the client reads them (the
+        STOMP ERROR, the MQTT 5 DISCONNECT with its reason), typically while it
+        is still sending (PUBRELs for the PUBRECs before a DISCONNECT 0x93).
+        So, as web servers do, the write side is shut after the last byte, and
+        what the client still sends is read and dropped until it closes too:
+        ``LINGER_SECONDS`` after the close, or once its last byte is out where
+        that takes longer, but no more than ``DRAIN_SECONDS`` in all.
+        """
         transport = connected(self.transport)
         self._unregister(transport)
-        transport.loseConnection()
+        tcp_ = self._tcp
+        if tcp_ is None or self._linger is not None:
+            transport.loseConnection()  # TLS: its layer closes itself; a second close: nothing more to do
+            return
+        self._linger = tcp_.reactor.callLater(LINGER_SECONDS, self._linger_over, tcp_.reactor.seconds())
+        tcp_.loseWriteConnection()
+        tcp_.resumeProducing()  # read (and drop) even where a hold had paused reading
+
+    def _linger_over(self, closed_at: float) -> None:
+        tcp_ = self._tcp
+        if not tcp_._writeDisconnected and tcp_.reactor.seconds() - closed_at < DRAIN_SECONDS:
+            self._linger = tcp_.reactor.callLater(LINGER_SECONDS, self._linger_over, closed_at)  # still writing
+            return
+        tcp_.abortConnection()
 
     # IPushProducer: called by the transport about its write buffer.
     def pauseProducing(self) -> None:

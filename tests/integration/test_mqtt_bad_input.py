@@ -389,3 +389,24 @@ def test_connection_that_never_sends_connect_is_closed(tmp_path):
         mqtt_close(client)
     finally:
         handle.stop()
+
+
+def test_a_client_still_sending_when_it_is_disconnected_reads_the_reason(small):
+    """Eclipse Paho's test_flow_control2: past the receive maximum the broker answers
+    DISCONNECT 0x93 while the client is still busy answering PUBRECs.  A socket closed
+    with unread input is reset, and the client's kernel dropped the DISCONNECT (a broken
+    pipe in 4 runs of 5): the broker now shuts its side and reads until the client closes."""
+    for attempt in range(5):
+        raw = RawMqtt(small, level=5)
+        maximum = raw.connect(f"flood-{attempt}").properties.get("receive_maximum", 65535)
+        raw.send(b"".join(mq.encode(mq.Publish("flood/t", b"m", qos=2, packet_id=i), 5) for i in range(1, maximum + 2)))
+        while True:
+            packet = raw.read(10)
+            if isinstance(packet, mq.Pubrec):
+                raw.packet(mq.Pubrel(packet.packet_id))  # as a client does, into a connection being closed
+                continue
+            assert isinstance(packet, mq.Disconnect), packet
+            assert packet.reason_code == mq.ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
+            break
+        assert raw.closed_by_peer(5)
+        raw.close()

@@ -492,3 +492,20 @@ def test_connection_that_never_sends_connect_is_closed(tmp_path):
         assert not quick.closed_by_peer(timeout=0.6), "a connected client must not be timed out"
     finally:
         handle.stop()
+
+
+def test_a_client_still_sending_after_its_error_reads_the_error(small):
+    """The ERROR frame reaches a client that goes on sending, and its sends do not fail
+    meanwhile (a library would report the broken pipe, not the ERROR): the broker shuts
+    its side and drops what still comes, instead of a close that resets the connection."""
+    for attempt in range(5):
+        c = RawStomp(small)
+        c.connect("1.2")
+        flood = b"SEND\ndestination:/queue/a\n\n" + b"x" * 1000 + b"\0"
+        c.send(b"SUBSCRIBE\nid:1\ndestination:/queue/a\nactivemq.prefetchSize:0\n\n\0")
+        frame = c.read(10)  # the ERROR is out and the broker is closing
+        assert frame.command == "ERROR" and "prefetch" in frame.headers["message"].lower(), frame
+        for _ in range(200):
+            c.send(flood * 10)  # still sending: no broken pipe, no reset
+        assert c.closed_by_peer(5)
+        c.close()
