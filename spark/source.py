@@ -49,6 +49,7 @@ from pyspark.sql.types import StructType
 from spark.errors import OptionError, user_facing
 from spark.options import parse_read_options, parse_write_options
 from spark.reader import GatewayBatchReader, GatewayStreamReader, check_schema, read_schema
+from spark.workers import check_worker_python
 from spark.writer import GatewayBatchWriter, GatewayStreamWriter
 
 
@@ -57,6 +58,9 @@ class GatewayDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        # spark.dataSource.register calls this on the driver, before Spark hands the
+        # class to its Python workers: the one moment to say that they cannot import it.
+        check_worker_python()
         return "gateway"
 
     @user_facing

@@ -153,3 +153,25 @@ def test_sink_reports_the_brokers_refusal(spark, broker):
     assert broker.bounds("events") == before  # one bad row refuses the whole request
     text = failure(lambda: write(spark.createDataFrame([(None, "v")], "destination string, body string"), broker.url))
     assert "1 row(s) have no destination (null 'destination')" in text, text
+
+
+def test_registering_where_the_workers_python_lacks_the_connector_says_what_to_do(spark, tmp_path, monkeypatch):
+    """Spark's Python workers run PYSPARK_PYTHON (python3 by default), not the driver's venv:
+    without the connector there, every task failed with ModuleNotFoundError in a JVM trace.
+    Registering the format now refuses, naming the interpreter and the setting to change."""
+    import shutil
+    import sys
+
+    from spark import GatewayDataSource, GatewayError
+    from spark.workers import worker_python_problem
+
+    base = getattr(sys, "_base_executable", None) or shutil.which("python3")
+    if not base or worker_python_problem(base, str(tmp_path)) is None:
+        pytest.skip("the base interpreter has the connector too: nothing to refuse here")
+    monkeypatch.chdir(tmp_path)  # where a user's script lives, away from the checkout's spark/
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", base)
+    with pytest.raises(GatewayError) as info:
+        spark.dataSource.register(GatewayDataSource)
+    text = str(info.value)
+    assert repr(base) in text and "no module named 'spark'" in text
+    assert f"export PYSPARK_PYTHON={sys.executable}" in text
