@@ -103,7 +103,7 @@ class Transaction:
 class Connection:
     # One per client connection: slots, for the memory of many idle ones.
     __slots__ = (
-        "broker", "id", "client_id", "protocol", "remote", "user", "writable", "consumers", "_subscriptions",
+        "broker", "id", "client_id", "protocol", "remote", "user", "writable", "output_held", "consumers", "_subscriptions",
         "_transactions", "_temp_queues", "_feeds", "closed", "_consumers_made", "since_ms", "messages_in",
         "messages_out", "closer",
     )
@@ -117,6 +117,9 @@ class Connection:
         self.user: str | None = None  # the authenticated user, counted for max_connections_per_user
         # False while the client's socket cannot take more: consumers then have no credit.
         self.writable = True
+        # True while its session holds as much output as it may until the disk syncs
+        # (protocols.outbox.HOLD_BYTES): its consumers have no credit either.
+        self.output_held = False
         self.consumers: dict[str, Consumer] = {}
         # The rest is made on first use: an empty dict is 64 bytes, and an idle
         # connection (most of 10,000 devices) has no topic subscription, stream
@@ -416,6 +419,22 @@ class Connection:
         self.writable = True
         for consumer in list(self.consumers.values()):
             consumer.queue.dispatch()
+
+    def hold_output(self) -> None:
+        """Its session holds as many bytes for the store's sync as it may: no more deliveries.
+
+        Apart from ``pause`` (the socket is full): a release of those bytes can
+        come while the socket is full, and must not give back what Twisted took.
+        """
+        self.output_held = True
+
+    def release_output(self) -> None:
+        if not self.output_held:
+            return
+        self.output_held = False
+        if self.writable:
+            for consumer in list(self.consumers.values()):
+                consumer.queue.dispatch()
 
     def close_for(self, reason: str) -> bool:
         """An operator closes this connection: its session tells the client ``reason`` and closes.

@@ -20,6 +20,7 @@ class Owner(Protocol):
     """What a consumer needs from its connection: whether its socket can take more."""
 
     writable: bool
+    output_held: bool  # its session already holds all it may until the store's sync
     id: str
     messages_out: int  # deliveries to it, for operators
 
@@ -70,7 +71,8 @@ class Consumer:
         self.handle = handle
 
     def has_credit(self) -> bool:
-        return self.owner.writable and len(self.unacked) < self.prefetch and not self.closed
+        owner = self.owner
+        return owner.writable and not owner.output_held and len(self.unacked) < self.prefetch and not self.closed
 
     def accepts(self, entry: "Entry") -> bool:
         selector = self.selector

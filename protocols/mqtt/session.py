@@ -401,7 +401,7 @@ class MqttSession:
         conn.closer = self
         client, present = self.hub.attach(self, client_id, packet.clean_start, expiry)
         self.will = packet.will
-        live = self.live = Connected(client, conn, Outbox(self.broker.turn_end, self.broker, self))
+        live = self.live = Connected(client, conn, Outbox(self.broker.turn_end, conn, self))
         self.phase = Phase.CONNECTED
         keep_alive = packet.keep_alive
         server_keep_alive = None

@@ -339,7 +339,7 @@ class StompSession:
         except UserLimit as exc:
             raise StompError("Connection refused", str(exc)) from None
         conn.closer = self
-        self.live = Connected(conn, Outbox(self.broker.turn_end, self.broker, self))
+        self.live = Connected(conn, Outbox(self.broker.turn_end, conn, self))
         self.phase = Phase.CONNECTED
         self.label = f"{conn.id} {client_id or '-'}"
         out = [("version", version), ("server", SERVER_NAME), ("session", conn.id)]

@@ -21,7 +21,8 @@ What a user would check, and what is asserted:
   the bytes the broker queues on the stuck socket stay within
   ``MAX_WRITE_BUFFER`` (asserted for queues here; for topic subscriptions the
   test at the end covers a broker busy with other persistent writes, the case
-  that once loaded the whole spilled backlog into memory);
+  that once loaded the whole spilled backlog into memory), also when the
+  disk's sync is slow;
 - when the slow consumer finally reads, it gets everything, in order, once.
 
 Policy for a non-durable topic subscriber (STOMP ``/topic`` without a
@@ -39,8 +40,12 @@ from typing import Any, Callable
 
 import pytest
 
+from twisted.internet.abstract import FileDescriptor
+
 from core.queue import ENTRY_OVERHEAD
+from persistence.rocks import RocksStore
 from protocols.mqtt import codec as mq
+from protocols.outbox import HAND_OVER_BYTES, HOLD_BYTES
 from protocols.stomp.codec import StompDecoder, encode_frame
 from tests.support import (
     BrokerHandle,
@@ -58,10 +63,15 @@ MORE = 1000                 # flooded to the slow destination again while the ot
 OTHER = 300                 # messages per producer/consumer pair on other destinations
 # A queue checks the limit before it appends, so the entry that crosses it stays in memory.
 MAX_PENDING = LIMIT + BODY + ENTRY_OVERHEAD
-# Bytes the broker may queue on the stuck socket: Twisted pauses the session at 64 KiB, but
-# deliveries already handed to the store's group-commit callbacks in that reactor turn still
-# land (a few hundred KiB measured); never the backlog itself.
-MAX_WRITE_BUFFER = 1024 * 1024
+# One MESSAGE frame here: the body and its headers (163 bytes of them measured).
+FRAME = BODY + 512
+# Bytes the broker may queue on the stuck socket, whatever the disk's sync takes.  Twisted
+# pauses the session once its buffer passes its high-water mark (FileDescriptor.bufferSize,
+# 64 KiB), but what the session handed to the store's sync before that still lands when the
+# sync ends; a session stops taking deliveries once HOLD_BYTES wait there, so that is at most
+# HOLD_BYTES plus the hand-over that crossed it (under HAND_OVER_BYTES and one frame).
+# 386 KiB; never the backlog itself.
+MAX_WRITE_BUFFER = FileDescriptor.bufferSize + HOLD_BYTES + HAND_OVER_BYTES + FRAME
 DEADLINE = 30.0             # generous: a stall fails the test, slowness does not
 
 LIMITED = pytest.mark.policy(queue_memory_limit=LIMIT)
@@ -313,7 +323,8 @@ class Watch:
     def check_write_buffer(self) -> None:
         assert self.max_buffer <= MAX_WRITE_BUFFER, (
             f"{self.max_buffer} bytes queued in the broker for the slow consumer's socket (bound {MAX_WRITE_BUFFER}, "
-            f"queue_memory_limit {LIMIT}): its backlog was loaded into memory instead of staying paged"
+            f"queue_memory_limit {LIMIT}): its backlog was loaded into memory, or handed over while the store "
+            "synced, instead of staying paged"
         )
 
 
@@ -456,6 +467,34 @@ def test_slow_stomp_consumer_holds_back_only_itself(broker: BrokerHandle, destin
     run_scenario(
         broker, slow, lambda first, count: flood_stomp(broker, destination, first, count, persistent),
         own_store=destination.startswith("/queue/"),
+    )
+
+
+@LIMITED
+def test_a_slow_disk_does_not_move_the_backlog_onto_the_socket(broker: BrokerHandle, monkeypatch: Any) -> None:
+    """The persistent queue of the first test with every fsync 50 ms longer (a busy disk).
+
+    Why: a stored message's delivery waits for the sync of its batch in the
+    session's outbox, where Twisted's pause cannot see it; the consumer keeps
+    its credit until those bytes reach the socket.  The queue's fast path
+    (an arrival with nothing pending goes straight to a consumer with credit)
+    then delivered all the while the sync ran, and the sync let it all onto
+    the socket at once: measured 1.3 MB with 20 ms more per sync (the 1.24 MB
+    of a loaded CI run), and with 50 ms the whole first flood (4,000
+    messages, 4.7 MB) left the queue, never paged, 1.9 MB of it in Twisted's
+    buffer: it grew with the disk's latency and the producer's rate, outside
+    any memory limit.  The session now holds at most ``HOLD_BYTES`` for the disk.
+    """
+    sync_wal = RocksStore._sync_wal
+
+    def slow_sync(store: RocksStore) -> None:
+        time.sleep(0.05)  # on the store's worker thread, as a slow fsync is
+        sync_wal(store)
+
+    monkeypatch.setattr(RocksStore, "_sync_wal", slow_sync)
+    slow = SlowStomp(broker, "/queue/slow")
+    run_scenario(
+        broker, slow, lambda first, count: flood_stomp(broker, "/queue/slow", first, count, True), own_store=True,
     )
 
 

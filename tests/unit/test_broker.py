@@ -356,6 +356,26 @@ def test_paused_connection_gets_nothing_until_resumed():
     assert sink.bodies == ["a", "b"]
 
 
+def test_held_output_stops_deliveries_apart_from_the_sockets_pause():
+    """A session holding all it may for the disk (protocols.outbox) takes its consumers' credit;
+    giving it back while the socket is full does not resume them."""
+    broker, _ = make()
+    c = broker.connect()
+    sink = Sink()
+    c.subscribe("queue://q", sink)
+    c.hold_output()
+    send(broker.connect(), "queue://q", "a")
+    assert sink.bodies == []
+    c.pause()
+    c.release_output()
+    assert sink.bodies == []
+    c.hold_output()
+    c.resume()
+    assert sink.bodies == []
+    c.release_output()
+    assert sink.bodies == ["a"]
+
+
 def test_delivered_but_unacked_comes_back_redelivered_after_a_restart():
     store = MemoryStore()
     broker, clock = make(store=store)

@@ -2,15 +2,23 @@
 from __future__ import annotations
 
 from core.turn import TurnEnd
-from protocols.outbox import HAND_OVER_BYTES, Outbox
+from protocols.outbox import HAND_OVER_BYTES, HOLD_BYTES, Outbox
 
 
 class Store:
-    """when_durable as the RocksStore keeps it: at once when nothing waits, else after flush()."""
+    """when_durable as the RocksStore keeps it: at once when nothing waits, else after flush();
+    and the connection's hold on its consumers, as the outbox sets it."""
 
     def __init__(self) -> None:
         self.dirty = False
         self.waiting: list = []
+        self.held = False
+
+    def hold_output(self) -> None:
+        self.held = True
+
+    def release_output(self) -> None:
+        self.held = False
 
     def when_durable(self, callback) -> None:
         if not self.dirty and not self.waiting:
@@ -113,3 +121,34 @@ def test_an_unstored_delivery_never_overtakes_what_waits_for_the_disk():
     store.dirty = True
     deferred.pop()()
     assert writes == [b"pubackm1", b"m2", b"m3"]
+
+
+def test_deliveries_stop_while_a_bound_of_bytes_waits_for_the_disk():
+    """Twisted pauses a session only for bytes it was given: what waits for the sync is bounded here."""
+    deferred, store, writes, box = setup()
+    store.dirty = True
+    frame = b"x" * 1000
+    sent = 0
+    while not store.held:
+        box.add(frame)
+        sent += len(frame)
+    # Held at the hand-over that crossed the mark: nothing of it written yet.
+    assert writes == [] and HOLD_BYTES <= sent < HOLD_BYTES + HAND_OVER_BYTES + len(frame)
+    store.flush()
+    assert sum(map(len, writes)) == sent
+    assert store.held  # given back at the turn's end, not inside the store's release
+    deferred.pop()()
+    assert not store.held
+
+
+def test_the_hold_stays_while_the_bytes_are_still_waiting():
+    deferred, store, writes, box = setup()
+    store.dirty = True
+    box.add(b"x" * HOLD_BYTES)
+    assert store.held
+    box.add(b"receipt")
+    deferred.pop()()                  # the turn's hand-over: still nothing synced
+    assert store.held
+    store.flush()
+    deferred.pop()()
+    assert not store.held and sum(map(len, writes)) == HOLD_BYTES + len(b"receipt")
