@@ -122,6 +122,8 @@ class Broker:
         self.messages_received = 0
         # protocol ("stomp/1.2", "mqtt/5", "http") -> [messages in, messages out] of closed connections
         self.closed_traffic: dict[str, list[int]] = {}
+        # Deliveries that closed connections' rules denied (Connection.messages_denied).
+        self.closed_denied = 0
         self._marks: set[MessageQueue] = set()
         self._checked: set[str] = set()  # destinations that passed validate()
         self.started_at = 0.0
@@ -250,6 +252,7 @@ class Broker:
             done = self.closed_traffic.setdefault(connection.protocol, [0, 0])
             done[0] += connection.messages_in
             done[1] += connection.messages_out
+        self.closed_denied += connection.messages_denied
         if connection.user is not None:
             left = self._by_user.get(connection.user, 0) - 1
             if left > 0:
@@ -282,6 +285,12 @@ class Broker:
         """Deliveries to clients: each connection counts its own (Consumer.deliver), closed ones are kept
         in ``closed_traffic``; summed when asked ($SYS, every few seconds), not counted twice per delivery."""
         return sum(c.messages_out for c in self.connections.values()) + sum(t[1] for t in self.closed_traffic.values())
+
+    @property
+    def deliveries_denied(self) -> int:
+        """Deliveries skipped because the subscriber's rules deny the topic (a wildcard subscription
+        that a deny rule overlaps), open and closed connections together; summed when asked."""
+        return sum(c.messages_denied for c in self.connections.values()) + self.closed_denied
 
     def connection_count(self) -> int:
         return len(self.connections)

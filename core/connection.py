@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from core import destination as dest
+from core.access import Reader
 from core.consumer import AckMode, Consumer, Sink
 from core.entry import Entry
 from core.errors import (
@@ -105,7 +106,7 @@ class Connection:
     __slots__ = (
         "broker", "id", "client_id", "protocol", "remote", "user", "writable", "output_held", "consumers", "_subscriptions",
         "_transactions", "_temp_queues", "_feeds", "closed", "_consumers_made", "since_ms", "messages_in",
-        "messages_out", "closer",
+        "messages_out", "messages_denied", "closer",
     )
 
     def __init__(self, broker: Host, id: str, client_id: str | None, protocol: str = "", remote: str = "") -> None:
@@ -135,6 +136,7 @@ class Connection:
         self.since_ms = broker.now_ms()
         self.messages_in = 0
         self.messages_out = 0  # counted by its consumers (core.consumer.Consumer.deliver)
+        self.messages_denied = 0  # deliveries skipped because its rules deny the topic (Consumer.check)
         # The session that ends it when an operator asks, telling the client the reason
         # (STOMP ERROR, MQTT 5 DISCONNECT 0x98); set by the session, which the core cannot import.
         # The object, not its bound method: that was 64 bytes of every idle connection.
@@ -205,7 +207,10 @@ class Connection:
         handle: object = None,
         stream_offset: str | None = None,
         stream_partition: int | None = None,
+        check: Reader | None = None,
     ) -> Consumer:
+        """``check``: given for a topic subscription a deny rule overlaps; set before the
+        consumer is added, so that not even a durable subscription's backlog passes unchecked."""
         broker = self.broker
         broker.check_name(destination, allow_wildcards=True)
         if destination.startswith("stream://"):
@@ -243,7 +248,9 @@ class Connection:
                 for seq, message in broker.replay(sub.levels):
                     if sub.wants(message):
                         sub.queue.enqueue(Entry(message, seq))
-            consumer = Consumer(consumer_id, self, sub.queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
+            consumer = Consumer(
+                consumer_id, self, sub.queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle, check=check,
+            )
             if self._subscriptions is None:
                 self._subscriptions = {}
             self._subscriptions[consumer] = sub
@@ -295,12 +302,12 @@ class Connection:
 
     def consume(
         self, queue: MessageQueue, sink: Sink, *, ack_mode: AckMode = AckMode.CLIENT_INDIVIDUAL,
-        prefetch: int | None = None, handle: object = None,
+        prefetch: int | None = None, handle: object = None, check: Reader | None = None,
     ) -> Consumer:
         """Attach a consumer to a queue the protocol manages itself (an MQTT session or shared queue)."""
         consumer_id = self._next_consumer_id()
         prefetch = self.broker.policy.default_prefetch if prefetch is None else prefetch
-        consumer = Consumer(consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle)
+        consumer = Consumer(consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch, handle=handle, check=check)
         self.consumers[consumer_id] = consumer
         queue.add_consumer(consumer)
         return consumer

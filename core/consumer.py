@@ -5,6 +5,7 @@ import enum
 from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
+    from core.access import Reader
     from core.entry import Entry
     from core.queue import MessageQueue
     from core.selector import Selector
@@ -23,6 +24,7 @@ class Owner(Protocol):
     output_held: bool  # its session already holds all it may until the store's sync
     id: str
     messages_out: int  # deliveries to it, for operators
+    messages_denied: int  # deliveries its rules denied (skipped, see Consumer.check), for operators
 
 
 # sink(consumer, entry, tag): the session turns a delivery into a frame.  A true
@@ -36,7 +38,7 @@ class Consumer:
 
     __slots__ = (
         "id", "owner", "queue", "ack_mode", "prefetch", "selector", "exclusive",
-        "sink", "unacked", "next_tag", "groups", "closed", "handle",
+        "sink", "unacked", "next_tag", "groups", "closed", "handle", "check",
     )
 
     def __init__(
@@ -51,6 +53,7 @@ class Consumer:
         selector: "Selector | None" = None,
         exclusive: bool = False,
         handle: object = None,
+        check: "Reader | None" = None,
     ) -> None:
         self.id = id
         self.owner = owner
@@ -69,6 +72,9 @@ class Consumer:
         self.closed = False
         # The session's own object for this subscription (e.g. the STOMP id).
         self.handle = handle
+        # Set only on a subscription that a deny rule overlaps (a wildcard beside a denied
+        # topic): each delivery asks it, and what the subscriber may not read is skipped.
+        self.check = check
 
     def has_credit(self) -> bool:
         owner = self.owner
@@ -81,6 +87,13 @@ class Consumer:
     def deliver(self, entry: "Entry") -> None:
         """Hand an entry to the session (the queue counted it as sent)."""
         queue = self.queue
+        check = self.check
+        if check is not None and not check.permits(entry.message.destination):
+            # Skipped silently, as Mosquitto does, and done with as if acknowledged: it
+            # would be skipped again on any redelivery.  Counted for operators.
+            self.owner.messages_denied += 1
+            queue.settle(entry)
+            return
         self.owner.messages_out += 1
         if entry.stored:
             queue.note_delivered(entry)

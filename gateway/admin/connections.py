@@ -84,6 +84,8 @@ class ConnectionsAPI:
             "connected_since_ms": conn.since_ms,
             "messages_in": conn.messages_in,
             "messages_out": conn.messages_out,
+            # Skipped because its rules deny the topic (wildcard subscriptions a deny rule overlaps).
+            "messages_denied": conn.messages_denied,
             "unacknowledged": sum(c.held() for c in conn.consumers.values()),
             "subscriptions": subscriptions_of(conn, index),
         }

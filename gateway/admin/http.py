@@ -16,7 +16,7 @@ from twisted.logger import Logger
 from twisted.web import http, server
 from twisted.web.resource import Resource
 
-from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal
+from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal, Reader, Reading
 from gateway.twisted_types import connected_transport
 from persistence.store import StoreUnavailable
 
@@ -71,6 +71,12 @@ OPEN = Grant(ANONYMOUS, AllowAll())
 class _Nothing:
     def allowed(self, principal: Principal, permission: Permission, destination: str, client_id: str | None = None) -> bool:
         return False
+
+    def reading(self, principal: Principal, destination: str, client_id: str | None = None) -> Reading:
+        return Reading.REFUSED
+
+    def reader(self, principal: Principal, client_id: str | None = None) -> Reader | None:
+        return None
 
     @property
     def version(self) -> int:

@@ -91,6 +91,7 @@ class BrokerCollector(Collector):
         yield from self._store()
         yield from self._streams()
         yield from self._auth()
+        yield from self._denied_deliveries()
 
     # -- connections and traffic ----------------------------------------------
 
@@ -297,6 +298,13 @@ class BrokerCollector(Collector):
         failures.add_metric(["bad_credentials"], logins.failed_logins)
         failures.add_metric(["address_banned"], logins.refused_logins)
         yield failures
+
+    def _denied_deliveries(self) -> Iterator[Metric]:
+        """A wildcard subscription a deny rule overlaps is granted and filtered at delivery: what it skipped."""
+        yield CounterMetricFamily(
+            "gateway_deliveries_denied", "Deliveries skipped because the subscriber's rules deny the topic "
+            "(wildcard subscriptions that a deny rule overlaps)", value=self.broker.deliveries_denied,
+        )
 
 
 class MetricsAPI:

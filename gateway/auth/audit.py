@@ -13,7 +13,7 @@ from typing import IO, Any
 
 from twisted.logger import Logger
 
-from core.access import Access, Permission, Principal
+from core.access import Access, Permission, Principal, Reader, Reading
 
 log = Logger(namespace="gateway.auth")
 
@@ -58,6 +58,18 @@ class AuditedAccess:
             "denied", user=principal.name, client_id=client_id, permission=permission.value, destination=destination,
         )
         return False
+
+    def reading(self, principal: Principal, destination: str, client_id: str | None = None) -> Reading:
+        found = self.access.reading(principal, destination, client_id)
+        if found is Reading.REFUSED:
+            self.audit.write(
+                "denied", user=principal.name, client_id=client_id, permission=Permission.READ.value, destination=destination,
+            )
+        return found
+
+    def reader(self, principal: Principal, client_id: str | None = None) -> Reader | None:
+        """Not audited: what it skips is counted, and would be a line per message here."""
+        return self.access.reader(principal, client_id)
 
 
 class LoginBackoff:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from twisted.logger import Logger
 
 from core import destination as dest
-from core.access import ANONYMOUS, AllowAll, Permission, Principal
+from core.access import ANONYMOUS, AllowAll, Permission, Principal, Reader, Reading
 from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.destination import InvalidDestination
@@ -98,13 +98,15 @@ class Phase(enum.Enum):
 class Connected:
     """What exists only once CONNECT is accepted: the client's session, the core connection, the outbox."""
 
-    __slots__ = ("client", "conn", "outbox", "consumer", "_shared_consumers", "_in_aliases", "_out_aliases")
+    __slots__ = ("client", "conn", "outbox", "consumer", "_shared_consumers", "_in_aliases", "_out_aliases", "filtered")
 
     def __init__(self, client: ClientSession, conn: Connection, outbox: Outbox) -> None:
         self.client = client
         self.conn = conn
         self.outbox = outbox
         self.consumer: Consumer | None = None  # on the client's queue, from its first subscription
+        # MQTT filters that a deny rule overlaps (granted, checked at delivery); None: none.
+        self.filtered: dict[str, None] | None = None
         # The rest is made on first use: most connections never need them, and an empty dict is 64 bytes.
         self._shared_consumers: dict[str, Consumer] | None = None
         self._in_aliases: dict[int, str] | None = None
@@ -144,6 +146,7 @@ class MqttSession:
         "problem_information",
         "peer_receive_maximum", "peer_max_packet", "peer_alias_max", "_timer", "_deadline", "_last_read", "closed",
         "normal_disconnect", "_inflight", "_send_quota", "_transport_paused", "_held", "_refusal", "close_reason",
+        "_reader",
     )
 
     def __init__(self, hub: MqttHub, transport: Transport, remote: str = "") -> None:
@@ -189,6 +192,9 @@ class MqttSession:
         self._refusal: Any = None  # why this connection may not CONNECT (connection limits)
         # Why the session ended, for transports that can say (WebSocket close codes).
         self.close_reason = "normal"
+        # Checks deliveries of the subscriptions a deny rule overlaps, and hears of reloads;
+        # made with the first subscription when there are rules (an idle device needs none).
+        self._reader: Reader | None = None
 
     @property
     def client(self) -> ClientSession | None:
@@ -430,6 +436,10 @@ class MqttSession:
             for pid in sorted(client.flows.released):
                 self._send(mq.Pubrel(pid))
         self._send_quota = min(self.peer_receive_maximum, self.settings.max_inflight)
+        if self._checked and client.subscribed and client.filters and self._reader_of(client_id) is not None:
+            # A resumed session's subscriptions, under today's rules (a reload or a restart
+            # since they were granted): decided before its queue's backlog flows.
+            self._review(live)
         if client.queue is not None:  # persistent, or a clean session's taken over
             self._session_queue(live)
         for mqtt_filter, (group, canonical) in client.shared.items() if client.subscribed else ():
@@ -849,9 +859,86 @@ class MqttSession:
         if live.consumer is None:
             live.consumer = live.conn.consume(
                 queue, partial(self._deliver, live), ack_mode=AckMode.CLIENT_INDIVIDUAL,
-                prefetch=min(self.peer_receive_maximum, self.settings.max_inflight),
+                prefetch=min(self.peer_receive_maximum, self.settings.max_inflight), check=self._check_for(live, None),
             )
         return queue
+
+    def _reader_of(self, client_id: str) -> Reader | None:
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = self.hub.access.reader(self.principal, client_id)
+            if reader is not None:
+                reader.listen(self._rules_changed)
+        return reader
+
+    def _check_for(self, live: Connected, shared_filter: str | None) -> Reader | None:
+        """The check a consumer carries: the consumer of a shared filter's group, or (None) of the
+        session's own queue, which every other filter feeds; None when no deny overlaps what it gets."""
+        filtered = live.filtered
+        if filtered is None:
+            return None
+        if shared_filter is not None:
+            return self._reader if shared_filter in filtered else None
+        client = live.client
+        shared = client.shared if client.subscribed else {}
+        return self._reader if any(f not in shared for f in filtered) else None
+
+    def _apply_checks(self, live: Connected) -> None:
+        if live.consumer is not None:
+            live.consumer.check = self._check_for(live, None)
+        client = live.client
+        if client.subscribed and client.shared:
+            for mqtt_filter, consumer in live.shared_consumers.items():
+                consumer.check = self._check_for(live, mqtt_filter)
+
+    def _mark(self, live: Connected, mqtt_filter: str, filtered: bool) -> None:
+        if filtered:
+            if live.filtered is None:
+                live.filtered = {}
+            live.filtered[mqtt_filter] = None
+        elif live.filtered is not None:
+            live.filtered.pop(mqtt_filter, None)
+            if not live.filtered:
+                live.filtered = None
+
+    def _review(self, live: Connected) -> None:
+        """Which of the session's filters the current rules only partly let through.
+
+        A filter they refuse outright now (granted before a reload) is checked
+        too: each of its deliveries is then skipped, rather than the client cut off.
+        """
+        reader = self._reader
+        client = live.client
+        if reader is None or not client.subscribed:
+            return
+        filtered: dict[str, None] = {}
+        for mqtt_filter, sub in client.subs.items():
+            if reader.reading(sub.destination) is not Reading.WHOLE:
+                filtered[mqtt_filter] = None
+        for mqtt_filter, (_, canonical) in client.shared.items():
+            if reader.reading(canonical) is not Reading.WHOLE:
+                filtered[mqtt_filter] = None
+        live.filtered = filtered or None
+
+    def _rules_changed(self) -> None:
+        """The rules were reloaded (SIGHUP): the next delivery of every subscription is checked by them."""
+        live = self.live
+        if live is None or self.closed:
+            return
+        before = live.filtered
+        try:
+            self._review(live)
+            self._apply_checks(live)
+        except Exception:
+            # Its subscriptions may no longer match the rules: this client goes, not the reload.
+            log.failure("[{label}] internal error applying reloaded rules", label=self.label)
+            self.broker.clock.callLater(0, self._server_disconnect, ReasonCode.UNSPECIFIED_ERROR, "internal error")
+            return
+        if before != live.filtered:
+            log.info(
+                "[{label}] rules reloaded: {n} of its subscriptions checked at delivery", label=self.label,
+                n=len(live.filtered or ()),
+            )
 
     def _on_subscribe(self, live: Connected, packet: mq.Subscribe) -> None:
         sub_id = packet.properties.get("subscription_identifier") if self.level == 5 else None
@@ -878,11 +965,18 @@ class MqttSession:
         except (InvalidTopic, InvalidDestination) as exc:
             log.info("[{label}] SUBSCRIBE {f!r} refused: {why}", label=self.label, f=mqtt_filter, why=str(exc))
             return ReasonCode.TOPIC_FILTER_INVALID if self.level == 5 else SUBACK_FAILURE
-        if self._checked and not self.hub.access.allowed(self.principal, Permission.READ, canonical, client.client_id):
-            log.info(
-                "[{label}] {user} may not subscribe to {f!r}", label=self.label, user=self.principal.name or "anonymous", f=mqtt_filter,
-            )
-            return ReasonCode.NOT_AUTHORIZED if self.level == 5 else SUBACK_FAILURE
+        reading = Reading.WHOLE
+        if self._checked:
+            reading = self.hub.access.reading(self.principal, canonical, client.client_id)
+            # A granted subscription hears of a reload through the session's reader, a whole one too.
+            if reading is not Reading.REFUSED and self._reader_of(client.client_id) is None and reading is Reading.FILTERED:
+                reading = Reading.REFUSED  # nothing to check its deliveries with (an Access without readers)
+            if reading is Reading.REFUSED:
+                log.info(
+                    "[{label}] {user} may not subscribe to {f!r}", label=self.label,
+                    user=self.principal.name or "anonymous", f=mqtt_filter,
+                )
+                return ReasonCode.NOT_AUTHORIZED if self.level == 5 else SUBACK_FAILURE
         if group is not None and request.no_local and self.level == 5:
             raise MqttProtocolError(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
         existed = mqtt_filter in client.filters
@@ -892,10 +986,20 @@ class MqttSession:
             request.qos, bool(request.no_local), bool(request.retain_as_published), request.retain_handling, sub_id or None,
         )
         client.filters[mqtt_filter] = options
+        checks = reading is Reading.FILTERED or live.filtered is not None
+        if checks:
+            if reading is Reading.FILTERED:
+                log.debug(
+                    "[{label}] {f!r} granted: a deny rule overlaps it, so each of its messages is checked at delivery",
+                    label=self.label, f=mqtt_filter,
+                )
+            self._mark(live, mqtt_filter, reading is Reading.FILTERED)
         if group is not None:
             if not existed:
                 client.shared[mqtt_filter] = (group, canonical)
                 self._join_shared(live, mqtt_filter, group, canonical)
+            if checks:
+                self._apply_checks(live)
             return request.qos
         broker = self.broker
         if client.durable:
@@ -912,6 +1016,8 @@ class MqttSession:
                 sub = broker.add_subscription(self._session_queue(live), canonical, no_local=request.no_local, options=options)
         sub.owner_id = client.client_id
         client.subs[mqtt_filter] = sub
+        if checks:
+            self._apply_checks(live)  # before the retained messages below are queued
         if request.retain_handling == 0 or (request.retain_handling == 1 and not existed):
             for message in broker.retained_for(canonical):
                 if request.no_local and message.origin == client.client_id:
@@ -924,6 +1030,7 @@ class MqttSession:
         prefetch = min(self.peer_receive_maximum, self.settings.max_inflight)
         live.shared_consumers[mqtt_filter] = live.conn.consume(
             sub.queue, partial(self._deliver, live), ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=prefetch,
+            check=self._check_for(live, mqtt_filter),
         )
 
     def _leave_shared(self, live: Connected, mqtt_filter: str, group: str, canonical: str) -> None:
@@ -949,6 +1056,9 @@ class MqttSession:
                     self.broker.remove_durable(sub.durable_key)
                 else:
                     self.broker.remove_subscription(sub)
+            if live.filtered is not None:
+                self._mark(live, mqtt_filter, False)
+                self._apply_checks(live)
             codes.append(0)
         self._send(mq.Unsuback(packet.packet_id, codes))
 
@@ -1049,6 +1159,8 @@ class MqttSession:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+        if self._reader is not None:
+            self._reader.close()  # the rules forget it: nothing left to check
         if self._deadline is not None:
             self.hub.deadlines.forget(self._deadline)
             self._deadline = None

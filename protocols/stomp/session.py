@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from twisted.logger import Logger
 
-from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal
+from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal, Reader, Reading
 from core.broker import Broker
 from core.connection import Connection
 from core.consumer import AckMode, Consumer
@@ -96,11 +96,14 @@ class Phase(enum.Enum):
 class _Sub:
     """A client subscription: its STOMP id, its core consumer and, for 1.0/1.1 acks, message ids."""
 
-    __slots__ = ("id", "no", "consumer", "header", "ack_mode", "message_tags", "durable_name")
+    __slots__ = ("id", "no", "consumer", "header", "ack_mode", "message_tags", "durable_name", "destination")
 
-    def __init__(self, sub_id: str, no: int, ack_mode: AckMode, header: bytes, durable_name: str | None) -> None:
+    def __init__(
+        self, sub_id: str, no: int, ack_mode: AckMode, header: bytes, durable_name: str | None, destination: str,
+    ) -> None:
         self.id = sub_id
         self.no = no
+        self.destination = destination  # canonical: what a reload of the rules checks again
         self.ack_mode = ack_mode
         self.header = header  # b"subscription:<escaped id>\n", encoded once
         self.consumer: Consumer | None = None
@@ -139,6 +142,9 @@ class StompSession:
         self.access: Access = access or AllowAll()
         # With no rules everything is allowed: the checks are skipped, not made.
         self._checked = not isinstance(self.access, AllowAll)
+        # Checks deliveries of the subscriptions a deny rule overlaps, and hears of reloads;
+        # made with the first topic subscription when there are rules (a producer needs none).
+        self._reader: Reader | None = None
         self.principal = ANONYMOUS
         self._waiting: list[bytes] = []  # read while authenticating, handled once connected
         self._auth_paused = False
@@ -455,15 +461,39 @@ class StompSession:
     def _allow(self, live: Connected, permission: Permission, destination: str, frame: Frame) -> None:
         """Refuse with an ERROR naming the destination (the receipt-id is added by _handle) unless allowed."""
         if not self.access.allowed(self.principal, permission, destination, live.conn.client_id):
-            name = frame.headers.get("destination", destination)
-            log.info(
-                "[{label}] {user} may not {what} {d}", label=self.label, user=self.principal.name or "anonymous",
-                what=permission.value, d=destination,
+            self._denied(permission, destination, frame)
+
+    def _read_check(self, live: Connected, destination: str, frame: Frame) -> Reader | None:
+        """Refuse a SUBSCRIBE as ``_allow`` does, unless granted; for a topic filter a deny rule
+        overlaps (``/topic/>`` beside a denied topic), the check its deliveries then carry."""
+        reading = self.access.reading(self.principal, destination, live.conn.client_id)
+        topic = destination.startswith("topic://")
+        reader = self._reader
+        if topic and reading is not Reading.REFUSED and reader is None:
+            # Every topic subscription hears of a reload through it, whole ones included.
+            reader = self._reader = self.access.reader(self.principal, live.conn.client_id)
+            if reader is not None:
+                reader.listen(self._rules_changed)
+        if reading is Reading.FILTERED and topic and reader is not None:
+            log.debug(
+                "[{label}] {d} granted: a deny rule overlaps it, so each of its messages is checked at delivery",
+                label=self.label, d=destination,
             )
-            why = f"{permission.value} access to {name} is not allowed for this user"
-            if destination.startswith("queue://") and self.broker.queue(destination, create=False) is None:
-                why += " (the queue does not exist yet, and creating it needs admin on it)"
-            raise StompError("Access denied", why)
+            return reader
+        if reading is not Reading.WHOLE:
+            self._denied(Permission.READ, destination, frame)
+        return None
+
+    def _denied(self, permission: Permission, destination: str, frame: Frame) -> NoReturn:
+        name = frame.headers.get("destination", destination)
+        log.info(
+            "[{label}] {user} may not {what} {d}", label=self.label, user=self.principal.name or "anonymous",
+            what=permission.value, d=destination,
+        )
+        why = f"{permission.value} access to {name} is not allowed for this user"
+        if destination.startswith("queue://") and self.broker.queue(destination, create=False) is None:
+            why += " (the queue does not exist yet, and creating it needs admin on it)"
+        raise StompError("Access denied", why)
 
     def _on_send(self, live: Connected, frame: Frame) -> None:
         h = frame.headers
@@ -551,8 +581,7 @@ class StompSession:
         destination = self._destination(live, frame)
         if "x-message-ttl" in h:
             self._relative_expiry(h, 0)  # refused, saying what to use instead
-        if self._checked:
-            self._allow(live, Permission.READ, destination, frame)
+        check = self._read_check(live, destination, frame) if self._checked else None
         sub_id = h.get("id")
         if sub_id is None:
             if self.version != "1.0":
@@ -574,13 +603,13 @@ class StompSession:
         partition_n = None if partition is None else _int_header(h, "x-stream-partition", 0, 0, None)
         live.sub_no += 1
         header = b"subscription:" + escape_header(sub_id, self.version).encode() + b"\n"
-        sub = _Sub(sub_id, live.sub_no, ack_mode, header, durable)
+        sub = _Sub(sub_id, live.sub_no, ack_mode, header, durable, destination)
         sub.consumer = live.conn.subscribe(
             destination, partial(self._deliver, live.outbox, sub),
             ack_mode=ack_mode, prefetch=prefetch_n, selector=h.get("selector"),
             exclusive=h.get("activemq.exclusive", "").lower() in _TRUE,
             durable_name=durable, retroactive=h.get("activemq.retroactive", "").lower() in _TRUE,
-            handle=sub, stream_offset=h.get("x-stream-offset"), stream_partition=partition_n,
+            handle=sub, stream_offset=h.get("x-stream-offset"), stream_partition=partition_n, check=check,
         )
         live.subs[sub_id] = sub
         live.subs_by_no[sub.no] = sub
@@ -605,6 +634,36 @@ class StompSession:
         del live.subs_by_no[sub.no]
         if sub.consumer is not None:
             live.conn.unsubscribe(sub.consumer, remove_durable=bool(durable))
+
+    def _rules_changed(self) -> None:
+        """The rules were reloaded (SIGHUP): the next delivery of every topic subscription is checked by them.
+
+        One they refuse outright now is checked too, so its deliveries stop
+        (skipped and counted) while the client stays connected.
+        """
+        live = self.live
+        reader = self._reader
+        if live is None or reader is None or self.closed:
+            return
+        try:
+            changed = checked = 0
+            for sub in live.subs.values():
+                consumer = sub.consumer
+                if consumer is None or not sub.destination.startswith("topic://"):
+                    continue
+                check = None if reader.reading(sub.destination) is Reading.WHOLE else reader
+                if (check is None) != (consumer.check is None):
+                    changed += 1
+                if check is not None:
+                    checked += 1
+                consumer.check = check
+        except Exception:
+            # Its subscriptions may no longer match the rules: this client goes, not the reload.
+            log.failure("[{label}] internal error applying reloaded rules", label=self.label)
+            self.broker.clock.callLater(0, self._fail, "Internal error", "the broker failed to apply reloaded rules; reconnect")
+            return
+        if changed:
+            log.info("[{label}] rules reloaded: {n} of its subscriptions checked at delivery", label=self.label, n=checked)
 
     def _deliver(self, outbox: Outbox, sub: _Sub, consumer: Consumer, entry: Entry, tag: int) -> None:
         """Write one MESSAGE.  A failure costs this client its connection on the
@@ -789,6 +848,8 @@ class StompSession:
     def _release(self) -> None:
         self.phase = Phase.CLOSED
         self.closed = True
+        if self._reader is not None:
+            self._reader.close()  # the rules forget it: nothing left to check
         for timer in (self._timer, self._connect_timer):
             if timer is not None and timer.active():
                 timer.cancel()

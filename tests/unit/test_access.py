@@ -193,3 +193,98 @@ def test_creating_a_queue_needs_admin():
     assert access.allowed(bob, WRITE, "queue://typo")
     existing.add("queue://typo")
     assert access.allowed(alice, WRITE, "queue://typo")
+
+
+# -- subscriptions a deny overlaps: granted, filtered at delivery (Mosquitto's behaviour) -----------
+
+
+def paho_rules():
+    """The configuration the Eclipse Paho interoperability suites assume."""
+    return Rules([
+        rule("*", ["read", "write"], ["topic://>"]),
+        rule("*", ["read"], ["topic://test.nosubscribe"], access="deny"),
+    ])
+
+
+def test_a_filter_a_deny_overlaps_is_granted_filtered():
+    from core.access import Reading
+
+    rules = paho_rules()
+    for wide in ("topic://>", "topic://*.*", "topic://test.>", "topic://test.*", "topic://*.nosubscribe"):
+        assert rules.reading(ANONYMOUS, wide) is Reading.FILTERED, wide
+        assert not rules.allowed(ANONYMOUS, READ, wide)  # the whole filter is still not readable
+    for clear in ("topic://TopicA.>", "topic://TopicA.*", "topic://test.other", "topic://*.*.*"):
+        assert rules.reading(ANONYMOUS, clear) is Reading.WHOLE, clear
+    assert rules.reading(ANONYMOUS, "topic://test.nosubscribe") is Reading.REFUSED
+    # '>' takes its parent: test.nosubscribe.> matches the denied name, and below it nothing is denied.
+    assert rules.reading(ANONYMOUS, "topic://test.nosubscribe.>") is Reading.FILTERED
+
+
+def test_a_filter_no_allow_covers_or_a_deny_covers_whole_is_still_refused():
+    from core.access import Reading
+
+    rules = Rules([
+        rule("*", ["read"], ["topic://sensors.>"]),
+        rule("*", ["read"], ["topic://sensors.private.>"], access="deny"),
+        rule("user:alice", ["read"], ["topic://alerts.>"], access="deny"),
+    ])
+    assert rules.reading(bob, "topic://>") is Reading.REFUSED  # wider than any allow
+    assert rules.reading(bob, "topic://$SYS.>") is Reading.REFUSED
+    assert rules.reading(bob, "topic://sensors.private.*") is Reading.REFUSED  # every name it matches is denied
+    assert rules.reading(bob, "topic://sensors.>") is Reading.FILTERED
+    assert rules.reading(bob, "topic://sensors.*.x") is Reading.FILTERED
+    assert rules.reading(bob, "topic://sensors.public.>") is Reading.WHOLE
+    assert rules.reading(alice, "topic://sensors.>") is Reading.FILTERED  # alice's own deny is elsewhere
+    assert rules.reading(bob, "queue://sensors") is Reading.REFUSED
+    assert rules.reading(bob, "nonsense") is Reading.REFUSED
+
+
+def test_a_reader_checks_topics_and_remembers_per_rules_version():
+    rules = paho_rules()
+    reader = rules.reader(ANONYMOUS, "c1")
+    assert reader is not None
+    assert reader.permits("topic://TopicA.B") and not reader.permits("topic://test.nosubscribe")
+    assert reader.answers == {"topic://TopicA.B": True, "topic://test.nosubscribe": False}
+    rules.replace([rule("*", ["read"], ["topic://>"]), rule("*", ["read"], ["topic://TopicA.>"], access="deny")])
+    # The next delivery is checked by the new rules: what was remembered went with the old ones.
+    assert reader.permits("topic://test.nosubscribe") and not reader.permits("topic://TopicA.B")
+    assert reader.version == rules.version
+
+
+def test_a_readers_memory_is_bounded(monkeypatch):
+    import core.access
+
+    reader = paho_rules().reader(bob)
+    assert reader is not None
+    monkeypatch.setattr(core.access, "READER_CACHE_SIZE", 5)
+    for i in range(20):
+        assert reader.permits(f"topic://t.{i}")
+    assert len(reader.answers) <= 5
+
+
+def test_a_reload_tells_the_readers_that_listen_until_closed():
+    rules = paho_rules()
+    heard: list[str] = []
+    one, two = rules.reader(ANONYMOUS), rules.reader(bob)
+    assert one is not None and two is not None
+    one.listen(lambda: heard.append("one"))
+    two.listen(lambda: heard.append("two"))
+    rules.replace(list(rules.rules))
+    assert sorted(heard) == ["one", "two"]
+    two.close()
+    rules.replace(list(rules.rules))
+    assert sorted(heard) == ["one", "one", "two"]
+
+
+def test_wrappers_keep_their_own_refusals_when_reading():
+    from core.access import AllowAll, CreationAccess, DeadLetterAccess, Reading
+
+    rules = Rules([rule("*", ["read"], ["queue://>", "topic://>"]), rule("*", ["read"], ["topic://a.b"], access="deny")])
+    dead = DeadLetterAccess(rules, lambda name: name == "queue://DLQ")
+    assert dead.reading(bob, "queue://DLQ") is Reading.REFUSED  # needs admin too
+    assert dead.reading(bob, "topic://a.*") is Reading.FILTERED
+    made = CreationAccess(rules, lambda name: name == "queue://made")
+    assert made.reading(bob, "queue://made") is Reading.WHOLE
+    assert made.reading(bob, "queue://new") is Reading.REFUSED  # creating it needs admin
+    assert dead.reader(bob) is not None and made.reader(bob) is not None
+    assert AllowAll().reading(bob, "topic://>") is Reading.WHOLE and AllowAll().reader(bob) is None

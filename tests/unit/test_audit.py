@@ -44,3 +44,21 @@ def test_denials_are_written_as_json_lines(tmp_path):
     }
     assert second["event"] == "login_failed" and "user" not in second and second["ts"] > 0
     AuditLog("").write("nothing")  # no path: no log, no error
+
+
+def test_refused_subscriptions_are_audited_and_filtered_deliveries_are_not(tmp_path):
+    from core.access import Reading, Rule, Rules
+
+    audit = AuditLog(str(tmp_path / "audit.jsonl"))
+    access = AuditedAccess(Rules([
+        Rule.parse("*", "allow", ["read"], ["topic://>"]), Rule.parse("*", "deny", ["read"], ["topic://test.nosubscribe"]),
+    ]), audit)
+    assert access.reading(Principal(None), "topic://>", "c1") is Reading.FILTERED
+    assert access.reading(Principal(None), "topic://test.nosubscribe", "c1") is Reading.REFUSED
+    reader = access.reader(Principal(None), "c1")
+    assert reader is not None and not reader.permits("topic://test.nosubscribe")  # a skipped delivery: counted, not a line
+    audit.close()
+    (line,) = (json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines())
+    assert {k: line[k] for k in ("event", "client_id", "permission", "destination")} == {
+        "event": "denied", "client_id": "c1", "permission": "read", "destination": "topic://test.nosubscribe",
+    }

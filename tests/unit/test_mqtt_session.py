@@ -686,6 +686,14 @@ class SensorsOnly:
     def allowed(self, principal: Any, permission: Any, destination: str, client_id: Any = None) -> bool:
         return destination.startswith("topic://sensors.")
 
+    def reading(self, principal: Any, destination: str, client_id: Any = None) -> Any:
+        from core.access import Reading
+
+        return Reading.WHOLE if self.allowed(principal, None, destination) else Reading.REFUSED
+
+    def reader(self, principal: Any, client_id: Any = None) -> None:
+        return None
+
     version = 0
 
 
@@ -770,6 +778,12 @@ class CountedRules:
         self.checks += 1
         return self.rules.allowed(principal, permission, destination, client_id)
 
+    def reading(self, principal: Any, destination: str, client_id: Any = None) -> Any:
+        return self.rules.reading(principal, destination, client_id)
+
+    def reader(self, principal: Any, client_id: Any = None) -> Any:
+        return self.rules.reader(principal, client_id)
+
 
 @BOTH
 def test_a_publish_check_is_remembered_per_topic_until_the_rules_are_reloaded(level):
@@ -792,6 +806,114 @@ def test_a_publish_check_is_remembered_per_topic_until_the_rules_are_reloaded(le
     assert sub.received() == [] and access.checks - checks == 3
     c.send(mq.Publish("sensors/a", b"still", 1, False, packet_id=11))
     assert [p.payload for p in sub.received()] == [b"still"]
+
+
+def paho_rules(*extra: Any) -> Any:
+    """The rules the Eclipse Paho interoperability suites assume: everything but reading test/nosubscribe."""
+    from core.access import Rule, Rules
+
+    return Rules([
+        Rule.parse("*", "allow", ["read", "write"], ["topic://>"]),
+        Rule.parse("*", "deny", ["read"], ["topic://test.nosubscribe"]),
+        *extra,
+    ])
+
+
+@BOTH
+def test_wildcards_a_deny_overlaps_are_granted_at_their_qos_and_filtered_at_delivery(level):
+    world = secured_world(access=paho_rules())
+    pub = world.connected("pub", level)
+    pub.send(mq.Publish("test/nosubscribe", b"retained, denied", 1, True, False, 1), mq.Publish("TopicA/B", b"retained", 1, True, False, 2))
+    assert pub.received() == [mq.Puback(1), mq.Puback(2)]
+    sub = world.connected("sub", level)
+    refused = ReasonCode.NOT_AUTHORIZED if level == 5 else 0x80
+    assert sub.subscribe(1, ("#", 1), ("+/+", 2), ("test/nosubscribe", 1), ("$SYS/#", 0)) == [1, 2, refused, refused]
+    # The retained messages of each granted filter, but the denied one (skipped for both).
+    assert [(p.topic, p.retain) for p in sub.after_suback] == [("TopicA/B", True)] * 2
+    for p in sub.after_suback:
+        sub.send(mq.Puback(p.packet_id))
+    for n, topic in enumerate(["test/nosubscribe", "TopicA/B", "test/other", "test/nosubscribe/below"]):
+        pub.send(mq.Publish(topic, topic.encode(), 1, False, False, 10 + n))
+    got = sub.received()
+    assert [(p.topic, p.qos) for p in got] == [("TopicA/B", 1), ("test/other", 1), ("test/nosubscribe/below", 1)]
+    assert sub.session.conn is not None and sub.session.conn.messages_denied == 3  # two retained, one live
+    for p in got:
+        sub.send(mq.Puback(p.packet_id))
+    sub.send(mq.Disconnect())
+    assert world.broker.deliveries_denied == 3  # still counted once the connection is gone
+
+
+@BOTH
+def test_only_the_subscriptions_a_deny_overlaps_carry_a_check(level):
+    world = secured_world(access=paho_rules())
+    sub = world.connected("sub", level)
+    assert sub.subscribe(1, ("TopicA/#", 0), ("$share/g/TopicA/+", 0)) == [0, 0]
+    live = sub.session.live
+    assert live is not None and live.consumer is not None
+    assert live.consumer.check is None and all(c.check is None for c in live.shared_consumers.values())
+    assert sub.subscribe(2, ("$share/g/#", 0)) == [0]
+    assert live.consumer.check is None  # the session's own queue gets nothing the deny touches
+    assert {f: c.check is not None for f, c in live.shared_consumers.items()} == {"$share/g/TopicA/+": False, "$share/g/#": True}
+    assert sub.subscribe(3, ("+/nosubscribe", 0)) == [0]
+    assert live.consumer.check is not None
+    sub.send(mq.Unsubscribe(4, ["+/nosubscribe"]))
+    assert live.consumer.check is None
+
+
+@BOTH
+def test_a_shared_group_never_gets_a_denied_message(level):
+    world = secured_world(access=paho_rules())
+    members = [world.connected(f"m{i}", level) for i in range(2)]
+    for m in members:
+        assert m.subscribe(1, ("$share/g/test/+", 1)) == [1]
+    pub = world.connected("pub", level)
+    for n in range(4):
+        pub.send(mq.Publish("test/nosubscribe", b"no", 1, False, False, 1 + 2 * n), mq.Publish("test/yes", b"%d" % n, 1, False, False, 2 + 2 * n))
+    got = [p for m in members for p in m.received()]
+    assert sorted(p.payload for p in got) == [b"0", b"1", b"2", b"3"]
+
+
+@BOTH
+def test_a_resumed_session_is_filtered_by_the_rules_of_its_return(level):
+    from core.access import Rule
+
+    access = paho_rules()
+    world = secured_world(access=access)
+    sub = world.resume("keeper", level, present=False)
+    assert sub.subscribe(1, ("TopicA/#", 1), ("test/#", 1)) == [1, 1]
+    sub.send(mq.Disconnect())
+    pub = world.connected("pub", level)
+    for n, topic in enumerate(["test/nosubscribe", "TopicA/secret", "TopicA/B", "test/x"]):
+        pub.send(mq.Publish(topic, topic.encode(), 1, False, False, n + 1))
+    # Away, the rules change: TopicA/secret is denied too (TopicA/# was granted whole).
+    access.replace([*access.rules, Rule.parse("*", "deny", ["read"], ["topic://TopicA.secret"])])
+    back = world.resume("keeper", level)
+    assert [p.topic for p in back.after_connack] == ["TopicA/B", "test/x"]
+    assert world.broker.durable_queues["mqtt:keeper"].inflight == 2 and len(world.broker.durable_queues["mqtt:keeper"]) == 0
+
+
+@BOTH
+def test_a_reload_checks_the_next_delivery_of_every_subscription(level):
+    from core.access import Rule
+
+    access = paho_rules()
+    world = secured_world(access=access)
+    sub, pub = world.subscriber("sub", "TopicA/#", 0, level), world.connected("pub", level)
+    live = sub.session.live
+    assert live is not None and live.consumer is not None and live.consumer.check is None
+    allow, deny = access.rules
+    access.replace([allow, deny, Rule.parse("*", "deny", ["read"], ["topic://TopicA.secret"])])  # SIGHUP
+    assert live.consumer.check is not None
+    pub.send(mq.Publish("TopicA/secret", b"now denied", 0), mq.Publish("TopicA/B", b"still", 0))
+    assert [p.payload for p in sub.received()] == [b"still"]
+    access.replace([allow, deny])  # and back: nothing left to check
+    assert live.consumer.check is None
+    pub.send(mq.Publish("TopicA/secret", b"allowed again", 0))
+    assert [p.payload for p in sub.received()] == [b"allowed again"]
+    # Rules that no longer let the filter in at all: its deliveries stop, the client stays connected.
+    access.replace([Rule.parse("*", "allow", ["write"], ["topic://>"])])
+    pub.send(mq.Publish("TopicA/B", b"not any more", 0))
+    assert sub.received() == [] and not sub.closed
 
 
 @BOTH

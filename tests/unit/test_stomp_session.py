@@ -218,6 +218,14 @@ class DenyQueue:
     def allowed(self, principal, permission, destination, client_id=None):
         return not destination.startswith("queue://secret")
 
+    def reading(self, principal, destination, client_id=None):
+        from core.access import Reading
+
+        return Reading.WHOLE if self.allowed(principal, None, destination) else Reading.REFUSED
+
+    def reader(self, principal, client_id=None):
+        return None
+
     version = 0
 
 
@@ -235,3 +243,53 @@ def test_denied_send_and_subscribe_get_an_error_naming_the_destination_with_the_
         assert error.headers["message"] == "Access denied" and error.headers["receipt-id"] == "r9"
         assert b"/queue/secret is not allowed" in error.body and t.closed
         assert not s.broker.queues.get("queue://open") or len(s.broker.queues["queue://open"]) == 0
+
+
+def test_a_wildcard_subscription_a_deny_overlaps_is_granted_and_filtered_at_delivery():
+    """Mosquitto's behaviour on STOMP: /topic/> beside a denied topic gets everything else, and the denials are counted."""
+    from core.access import Rule, Rules
+    from protocols.auth import Anonymous
+
+    rules = Rules([
+        Rule.parse("*", "allow", ["read", "write"], ["topic://>"]),
+        Rule.parse("*", "allow", ["read"], ["topic://$SYS.>"]),
+        Rule.parse("*", "deny", ["read"], ["topic://test.nosubscribe"]),
+    ])
+    s, t = authenticated_session(Anonymous(), rules)
+    s.data_received(
+        encode_frame("CONNECT", {"accept-version": "1.2"}.items())
+        + encode_frame("SUBSCRIBE", {"destination": "/topic/>", "id": "all", "receipt": "r1"}.items())
+        + encode_frame("SUBSCRIBE", {"destination": "/topic/TopicA.*", "id": "a"}.items())
+    )
+    for topic in ("test.nosubscribe", "TopicA.B", "test.other", "test.nosubscribe"):
+        s.data_received(encode_frame("SEND", {"destination": f"/topic/{topic}"}.items(), topic.encode()))
+    got = [(f.headers["subscription"], f.body) for f in frames(t) if f.command == "MESSAGE"]
+    assert got == [("all", b"TopicA.B"), ("a", b"TopicA.B"), ("all", b"test.other")]
+    assert s.conn.messages_denied == 2 and s.conn.messages_out == 3
+    consumers = {c.handle.id: c for c in s.conn.consumers.values()}
+    assert consumers["all"].check is not None and consumers["a"].check is None  # only the overlapped one pays
+    # A reload that denies TopicA.> instead: the next delivery of both subscriptions is checked by it.
+    rules.replace([rules.rules[0], rules.rules[1], Rule.parse("*", "deny", ["read"], ["topic://TopicA.>"])])
+    assert consumers["a"].check is not None
+    t.data = b""
+    for topic in ("TopicA.B", "test.nosubscribe"):
+        s.data_received(encode_frame("SEND", {"destination": f"/topic/{topic}"}.items(), topic.encode()))
+    assert [(f.headers["subscription"], f.body) for f in frames(t)] == [("all", b"test.nosubscribe")]
+    assert s.conn.messages_denied == 4 and not t.closed
+
+
+def test_a_subscription_to_the_denied_topic_itself_is_still_refused():
+    from core.access import Rule, Rules
+    from protocols.auth import Anonymous
+
+    rules = Rules([Rule.parse("*", "allow", ["read"], ["topic://>"]), Rule.parse("*", "deny", ["read"], ["topic://test.>"])])
+    for destination in ("/topic/test.nosubscribe", "/topic/test.*", "/topic/$SYS.>"):
+        s, t = authenticated_session(Anonymous(), rules)
+        s.data_received(
+            encode_frame("CONNECT", {"accept-version": "1.2"}.items())
+            + encode_frame("SUBSCRIBE", {"destination": destination, "id": "1", "receipt": "r"}.items())
+        )
+        connected, error = frames(t)
+        assert error.headers["message"] == "Access denied" and f"read access to {destination}".encode() in error.body
+        assert t.closed
+    assert not rules._listening  # the readers of closed sessions are forgotten by the rules
