@@ -26,17 +26,36 @@ from gateway.perf import command as perf_command
 from gateway.twisted_types import installed_reactor
 
 
+class _Version(argparse.Action):
+    """``gateway --version``: what a bug report needs, the version first (``gateway 0.1.0``).
+
+    Computed only when asked for: finding the compiled modules walks the packages.
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        from gateway import __version__
+        from gateway.compiled import describe
+
+        python = ".".join(str(part) for part in sys.version_info[:3])
+        print(f"gateway {__version__}\nPython {python} ({sys.executable}), hot path: {describe()}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description="STOMP/MQTT/WebSocket message broker")
+    parser.add_argument("-V", "--version", action=_Version, help="print the version, the Python and the hot path, then exit")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the broker (embedded default: STOMP on 127.0.0.1:61613, MQTT on 1883, WebSocket on 61614, data in ./data)")
-    run.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    run.add_argument("--config", metavar="FILE", help="TOML configuration file (relative paths in it are read from its directory)")
     run.add_argument("--host", help="address every listener binds to (default 127.0.0.1)")
-    run.add_argument("--data-dir", metavar="DIR", help="data directory (default ./data)")
+    run.add_argument("--data-dir", metavar="DIR", help="data directory (default ./data; relative to the current directory)")
     run.add_argument("--stomp-port", type=int, metavar="N", help="STOMP over TCP port (default 61613, 0 disables)")
     run.add_argument("--mqtt-port", type=int, metavar="N", help="MQTT over TCP port (default 1883, 0 disables)")
     run.add_argument("--ws-port", type=int, metavar="N", help="WebSocket port, STOMP and MQTT (default 61614, 0 disables)")
-    run.add_argument("--admin-port", type=int, metavar="N", help="admin HTTP port: JSON API, stream reads (default 8161, 0 disables)")
+    run.add_argument("--admin-port", type=int, metavar="N", help="admin HTTP port: web console at /console/, /metrics, JSON API (default 8161, 0 disables)")
     run.add_argument("--log-level", choices=configuration.LOG_LEVELS, help="default info")
     perf_command.add_parser(commands)
     passwd_command.add_parser(commands)

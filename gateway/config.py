@@ -107,6 +107,8 @@ class AdminSettings:
 @dataclass
 class Config:
     host: str = "127.0.0.1"
+    # Set in a configuration file, a relative data_dir is the file's neighbour (every path
+    # there is); the default and --data-dir are relative to the current directory.
     data_dir: str = "./data"
     log_level: str = "info"
     name: str = "gateway"
@@ -192,8 +194,7 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: {exc}") from None
         _from_toml(config, data)
-        _resolve_tls_paths(config.tls, os.path.dirname(os.path.abspath(path)))
-        config.auth.resolve(os.path.dirname(os.path.abspath(path)))
+        _resolve_paths(config, data, os.path.dirname(os.path.abspath(path)))
     for key, value in (overrides or {}).items():
         if value is None:
             continue
@@ -264,6 +265,8 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
 
 
 def validate(config: Config) -> None:
+    if not config.data_dir:
+        raise ConfigError("[broker] data_dir must name a directory (default ./data)")
     if config.log_level not in LOG_LEVELS:
         raise ConfigError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     for name in ("stomp", "mqtt", "ws", "admin"):
@@ -360,6 +363,20 @@ def _validate_tls(config: Config) -> None:
         mode = listener.tls_client_certs or tls.client_certs
         if mode == "required" and config.tls_port(name) and not tls.ca:
             raise ConfigError(f"[{section}] client certificates required: set [tls] ca, the authority that signs them")
+
+
+def _resolve_paths(config: Config, data: dict[str, Any], base: str) -> None:
+    """Every relative path the file names is the file's neighbour, whatever the current directory.
+
+    A configuration is written once and run from anywhere (a shell, a service
+    manager starting in /), so its paths must mean the same from everywhere.
+    Only what the file says moves: the embedded default (./data) and flags such as
+    --data-dir stay relative to the current directory, as a command line's paths are.
+    """
+    if "data_dir" in data.get("broker", {}) and config.data_dir and not os.path.isabs(config.data_dir):
+        config.data_dir = os.path.join(base, config.data_dir)
+    _resolve_tls_paths(config.tls, base)
+    config.auth.resolve(base)
 
 
 def _resolve_tls_paths(tls: TlsConfig, base: str) -> None:

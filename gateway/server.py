@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -13,12 +14,13 @@ from twisted.logger import Logger
 from core.access import Access, AllowAll
 from core.broker import Broker
 from core.sysinfo import SysPublisher
-from gateway import compiled
+from gateway import __version__, compiled
 from gateway.admin import admin_site, standby_site
 from gateway.admin.auth import BasicGuard
 from gateway.admin.http import AdminSite
 from gateway.auth.security import Security, check_exposure
 from gateway.config import Config, ConfigError
+from gateway.lockholder import lock_holder
 from gateway.storewatch import StoreWatch
 from gateway.tls import ServerTls, TlsError, TlsFiles, tls_factory
 from gateway.twisted_types import DelayedCall, ListeningPort, Reactor
@@ -38,11 +40,16 @@ from protocols.websocket import GatewayWebSocketFactory
 
 log = Logger(namespace="gateway")
 
-VERSION = "gateway 0.1.0"
-
 
 # Connections accepted per wake-up of a listener when a burst is queued (see _listen).
 ACCEPTS_PER_WAKEUP = 500
+
+
+def _url_host(host: str) -> str:
+    """A bound address as a URL's host: every address (0.0.0.0, ::) is this machine's name; IPv6 in brackets."""
+    if host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return f"[{host}]" if ":" in host else host
 
 
 def listen_backlog(wanted: int) -> int:
@@ -154,13 +161,13 @@ class Gateway:
             "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings, self.guard),
         }
         self.admin = admin_site(
-            self.broker, config.admin_settings.max_request_size, VERSION, BasicGuard(
+            self.broker, config.admin_settings.max_request_size, __version__, BasicGuard(
                 self.authenticator, self.access, self.security.audit if self.security else None,
                 self.security.passwords.authenticate_token if self.security and self.security.passwords else None,
             ),
             settings=config.admin_settings, logins=self.security.passwords if self.security else None,
         )
-        self.sys = SysPublisher(self.broker, config.sys_interval, VERSION)
+        self.sys = SysPublisher(self.broker, config.sys_interval, __version__)
         self._housekeeping: DelayedCall | None = None
         if isinstance(store, RocksStore):
             spill = self.spill if isinstance(self.spill, RocksStore) else None
@@ -233,8 +240,11 @@ class Gateway:
         if self.tls is None:  # first: a certificate that cannot be used stops the start, saying why
             self.tls = self._load_tls()
         os.makedirs(self.config.data_dir, exist_ok=True)
-        log.info("hot path: {how}", how=compiled.describe())
-        self._build(self._open_store())
+        # Nothing is logged before the store opens: a standby runs this every lock_retry_interval.
+        store = self._open_store()
+        if self._standby is not None:
+            log.info("store lock acquired: taking over as master")
+        self._build(store)
         broker, hub, publisher, site = self.broker, self.mqtt_hub, self.sys, self.admin
         assert broker is not None and hub is not None and publisher is not None and site is not None  # built by _build
         broker.start()
@@ -260,6 +270,47 @@ class Gateway:
                 # What listenSSL does, through _listen: the same factory behind Twisted's TLS.
                 creator = self.tls.creator(self.config.tls_client_certs(name))
                 self._listen(f"{name}_tls", host, tls_port, tls_factory(creator, factory), ephemeral)
+        unintended = compiled.unintended_pure_python()
+        if unintended is not None:
+            log.warn("{warning}", warning=unintended)
+        # Last: the lines a person reads on starting it end with where everything is.
+        log.info("{summary}", summary=self.summary())
+
+    def summary(self) -> str:
+        """The start-up summary: what runs, where its data is, and where each listener and the console are.
+
+        One log event of several lines (Twisted indents the ones after the first),
+        logged once the ports are bound, so every address in it is the real one.
+        """
+        config = self.config
+        data = os.path.abspath(config.data_dir)
+        if isinstance(self.store, MemoryStore):
+            data += " (persistence: memory, nothing is kept across a restart)"
+        lines = [f"gateway {__version__} ready", f"data directory: {data}", f"hot path: {compiled.describe()}"]
+        for name, label in (("stomp", "STOMP"), ("mqtt", "MQTT"), ("ws", "WebSocket")):
+            for key, suffix in ((name, ""), (f"{name}_tls", " over TLS")):
+                port = self.ports.get(key)
+                if port is None:
+                    if not suffix:
+                        lines.append(f"{label}: off")
+                    continue
+                address = port.getHost()
+                where = f"{address.host}:{address.port}"
+                if name == "ws":
+                    scheme = "wss" if suffix else "ws"
+                    base = f"{scheme}://{_url_host(address.host)}:{address.port}"
+                    ws = config.ws_settings
+                    stomp_urls, mqtt_urls = (", ".join(base + path for path in paths) for paths in (ws.stomp_paths, ws.mqtt_paths))
+                    where = f"{stomp_urls} (STOMP); {mqtt_urls} (MQTT)"
+                lines.append(f"{label}{suffix}: {where}")
+        admin = [(key, scheme) for key, scheme in (("admin", "http"), ("admin_tls", "https")) if key in self.ports]
+        if not admin:
+            lines.append("admin HTTP: off (no console, no /metrics)")
+        for key, scheme in admin:
+            address = self.ports[key].getHost()
+            base = f"{scheme}://{_url_host(address.host)}:{address.port}"
+            lines += [f"console: {base}/console/", f"metrics: {base}/metrics", f"admin API: {base}/api/v1"]
+        return "\n".join(lines)
 
     def _load_tls(self) -> ServerTls | None:
         """The [tls] certificate for the listeners that have a TLS port (None: no TLS listener)."""
@@ -314,24 +365,44 @@ class Gateway:
         """
         started: defer.Deferred[Gateway] = defer.Deferred()
 
+        interval = self.config.persistence.lock_retry_interval
+
         def attempt(first: bool) -> None:
             try:
                 self.start(ephemeral)
             except StoreLocked:
                 if first:
-                    log.info("store {path} is locked by another broker: standing by", path=self.store_path)
+                    # Once: a standby retries every interval, and a line per retry (86,000 a day)
+                    # would bury the one that matters.  The next line is the takeover.
+                    log.info("{message}", message=self.standby_message())
                     self._stand_by(ephemeral)
-                self.reactor.callLater(self.config.persistence.lock_retry_interval, attempt, False)
+                else:
+                    log.debug("store {path} still locked: next try in {interval}s", path=self.store_path, interval=interval)
+                self.reactor.callLater(interval, attempt, False)
                 return
             except Exception as exc:
                 started.errback(exc)
                 return
-            if not first:
-                log.info("store lock acquired: taking over as master")
             started.callback(self)
 
         attempt(True)
         return started
+
+    def standby_message(self) -> str:
+        """What a broker that finds its store locked says, once: whose lock, and what to do if that is a mistake.
+
+        Two brokers on one data directory are a shared-store pair only by intent;
+        started twice by accident, the second one otherwise looks like it is running.
+        """
+        lock = os.path.join(self.store_path, "LOCK")
+        holder = lock_holder(lock)
+        by = f"held by {holder}" if holder else "held by a process not visible from here (another machine?)"
+        return (
+            f"gateway {__version__}: standing by: data directory {os.path.abspath(self.config.data_dir)} is in use, "
+            f"its store lock {os.path.abspath(lock)} is {by}. This broker serves no clients, retries the lock every "
+            f"{self.config.persistence.lock_retry_interval:g}s and takes over as master when that broker stops. "
+            "Not intended? Stop this one, or give it a data directory of its own (--data-dir)."
+        )
 
     def _stand_by(self, ephemeral: bool) -> None:
         """Listen on the admin port(s) with health and readiness only, so probes see a standby, not a dead port."""

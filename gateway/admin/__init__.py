@@ -17,7 +17,7 @@ from gateway.admin.session_actions import SessionActions
 from gateway.admin.streams import StreamsAPI
 from gateway.config import AdminSettings
 
-__all__ = ["admin_site", "standby_site"]
+__all__ = ["admin_site", "standby_site", "wants_html"]
 
 # What the index lists (every route under them is in README.rst, Admin HTTP).
 API = [
@@ -25,6 +25,38 @@ API = [
     "/api/v1/mqtt-sessions", "/api/v1/streams", "/api/v1/connections", "/api/v1/messages",
     "/api/v1/health", "/api/v1/ready", "/metrics", "/api/v1/dlq/replay", "/api/v1/retained", "/console/",
 ]
+
+
+# Where a browser is sent from ``/``.
+CONSOLE = "/console/"
+
+
+def wants_html(accept: str | None) -> bool:
+    """Whether an Accept header prefers a page to JSON: a browser's navigation, not an API client or curl.
+
+    Browsers name ``text/html`` explicitly; curl sends ``*/*`` and API clients
+    ``application/json`` or nothing, so only an explicit ``text/html`` (or XHTML)
+    ranked above any explicit JSON counts.
+    """
+    if not accept:
+        return False
+    html = json = 0.0
+    for part in accept.split(","):
+        media, *params = (piece.strip() for piece in part.split(";"))
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        media = media.lower()
+        if media in ("text/html", "application/xhtml+xml"):
+            html = max(html, quality)
+        elif media == "application/json":
+            json = max(json, quality)
+    return html > 0 and html > json
 
 
 def admin_site(
@@ -61,8 +93,22 @@ def admin_site(
             "duplicates": {"dropped": broker.duplicates.dropped, "remembered": len(broker.duplicates)},
         })
 
+    def root(request: Any) -> Any:
+        """``/``: a person typing the admin address lands on the console; a client asking for JSON gets the index.
+
+        Only ``/`` does this: ``/api/v1`` is the API's own index (the console reads it).
+        Either answer varies with Accept, so a cache in between keeps them apart.
+        """
+        if wants_html(request.getHeader("Accept")):
+            status, headers, body = 302, {"Location": CONSOLE, "Content-Type": "text/html; charset=utf-8"}, (
+                f'<!doctype html><title>gateway</title><a href="{CONSOLE}">The console is at {CONSOLE}</a>\n'.encode()
+            )
+        else:
+            status, headers, body = index(request)
+        return status, {**headers, "Vary": "Accept"}, body
+
     router.add("/api/v1", get=index)
-    router.add("/", get=index)
+    router.add("/", get=root)
     site = AdminSite(router, max_request_size)
     site.noisy = False  # no log line per connection: Spark connects for every fetch
     return site

@@ -330,6 +330,80 @@ def test_overview_health_and_ready(api, handle):
     assert {"/api/v1/queues", "/api/v1/connections", "/api/v1/streams", "/metrics", "/api/v1/ready"} <= set(index)
 
 
+# -- the root: a browser to the console, JSON for API clients; the one version everywhere -----------
+
+
+def setup_cfg_version() -> str:
+    """The version as setup.cfg declares it: read here on its own, not through the package under test."""
+    import configparser
+    from pathlib import Path
+
+    parser = configparser.ConfigParser()
+    parser.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    return parser.get("metadata", "version")
+
+
+def raw_get(handle, path, **headers):
+    """A GET that does not follow redirects (urllib would): the status and Location a browser acts on."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", handle.admin_port, timeout=10)
+    try:
+        connection.request("GET", path, headers=headers)
+        answer = connection.getresponse()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+    finally:
+        connection.close()
+
+
+# What Chrome and Firefox send when a person types the address.
+CHROME = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,*/*;q=0.8"
+FIREFOX = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+
+
+@pytest.mark.parametrize("accept", [CHROME, FIREFOX])
+def test_a_browser_at_the_admin_root_is_sent_to_the_console(handle, accept):
+    status, headers, body = raw_get(handle, "/", Accept=accept)
+    assert status == 302 and headers["location"] == "/console/", (status, headers)
+    assert headers["vary"] == "Accept"
+    assert b'href="/console/"' in body  # for a client that shows the body instead of following
+    # Where it lands is the console's page.
+    status, headers, page = raw_get(handle, headers["location"], Accept=accept)
+    assert status == 200 and headers["content-type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("headers", [
+    {},  # python-requests without Accept, urllib
+    {"Accept": "*/*"},  # curl
+    {"Accept": "application/json"},
+    {"Accept": "application/json, text/html;q=0.5"},  # a client that prefers JSON
+])
+def test_an_api_client_at_the_admin_root_gets_the_index_as_json(handle, headers):
+    status, answer_headers, body = raw_get(handle, "/", **headers)
+    assert status == 200 and answer_headers["content-type"] == "application/json"
+    assert answer_headers["vary"] == "Accept"
+    index = json.loads(body)
+    assert index["version"] == setup_cfg_version() and "/console/" in index["api"]
+
+
+def test_the_api_index_stays_json_for_a_browser(handle):
+    """``/api/v1`` is the API's own index (the console reads it): no redirect there, whatever Accept says."""
+    status, headers, body = raw_get(handle, "/api/v1", Accept=FIREFOX)
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert json.loads(body)["version"] == setup_cfg_version()
+
+
+def test_every_version_the_broker_reports_is_the_bare_package_version(handle, api):
+    """One source (setup.cfg): the index, the overview and gateway_info carry ``0.1.0``, not ``gateway 0.1.0``."""
+    version = setup_cfg_version()
+    assert get(api, "/api/v1")[1]["version"] == version
+    assert get(api, "/api/v1/overview")[1]["version"] == version
+    status, _, metrics = api.call("GET", "/metrics")
+    assert status == 200
+    info = [line for line in metrics.decode().splitlines() if line.startswith("gateway_info{")]
+    assert info == [f'gateway_info{{name="gateway",version="{version}"}} 1.0'], info
+
+
 def test_ready_is_503_while_the_store_is_full(tmp_path):
     handle = BrokerHandle(make_config(tmp_path, store_limit=4096, store_full_policy="fail"))
     try:

@@ -296,3 +296,57 @@ def test_kill_9_mid_stream_loses_no_confirmed_message_and_keeps_acks_and_deliver
         for conn in conns:
             close(conn)
         kill(a, *([b] if b is not None else []))
+
+
+def _waits_until(check: Any, timeout: float = 10.0) -> None:
+    """A barrier on the standby's own output (its retries), so no test guesses how long a retry takes."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_second_broker_on_the_same_data_directory_says_so_once_and_names_the_holder(tmp_path):
+    """86,000 identical lines a day hid the one that mattered: now one line says what, whose and why, then nothing."""
+    data = tmp_path / "shared"
+    fast = tmp_path / "fast-retry.toml"
+    fast.write_text("[persistence]\nlock_retry_interval = 0.05\n")  # many retries within the test
+    p1, p2, p3, p4 = (free_port() for _ in range(4))
+    a = start(data, p1, p2, tmp_path)
+    b = None
+    try:
+        a.wait_for_line(f"STOMP listening on 127.0.0.1:{p1}")
+        b = BrokerProcess(
+            "--config", str(fast), "--data-dir", str(data), "--stomp-port", str(p3), "--mqtt-port", str(p4),
+            "--ws-port", "0", "--admin-port", "0", "--log-level", "debug", cwd=tmp_path,
+        )
+        line = b.wait_for_line(STANDING_BY)
+        assert f"data directory {data} is in use" in line
+        assert f"its store lock {data / 'store' / 'LOCK'} is held by pid {a.proc.pid} (" in line
+        assert f"run --data-dir {data} --stomp-port {p1}" in line  # A's command line, to recognise it by
+        assert "takes over as master when that broker stops" in line and "--data-dir" in line.split("Not intended?")[1]
+
+        def retries() -> int:
+            return sum("still locked: next try in 0.05s" in x for x in b.lines)
+
+        def notices() -> list[str]:
+            # What an operator sees at the default level: everything the broker logs above debug.
+            return [x for x in b.lines if x.split(" ", 1)[-1].startswith("[gateway") and "#debug]" not in x]
+
+        _waits_until(lambda: retries() >= 10)
+        seen = notices()
+        _waits_until(lambda: retries() >= 40)
+        assert notices() == seen, "the standby logs on retries"
+        assert sum(STANDING_BY in x for x in seen) == 1
+        assert not [x for x in b.lines if "hot path" in x or " ready" in x], "".join(b.lines)
+
+        # The takeover is the next thing it says, once, then the start-up summary.
+        assert a.stop(signal.SIGTERM) == 0, "".join(a.lines)
+        b.wait_for_line(f"STOMP listening on 127.0.0.1:{p3}", timeout=5)
+        b.wait_for_line("\thot path: ", timeout=5)
+        after = notices()[len(seen):]
+        assert sum(TAKING_OVER in x for x in b.lines) == 1 and TAKING_OVER in after[0], after
+        assert sum(STANDING_BY in x for x in b.lines) == 1
+        assert b.stop(signal.SIGTERM) == 0, "".join(b.lines)
+    finally:
+        kill(a, *([b] if b is not None else []))
