@@ -273,7 +273,8 @@ class QueueActions:
         return done
 
     def get(self, request: server.Request, name: str) -> Any:
-        """Take up to ``count`` ready messages off the queue, in order (RabbitMQ's "Get messages", acknowledged).
+        """Take up to ``count`` ready messages off the queue, in the order a consumer would get them
+        (RabbitMQ's "Get messages", acknowledged): highest priority first (``DeliveryOrderWalk``).
 
         The answer comes once their removal is on disk: a message answered here is
         delivered to no one else.  An empty queue answers at once with none.
@@ -298,7 +299,7 @@ class QueueActions:
                 "destination": full, "messages": [_taken(item) for item in taken], "depth": len(queue),
             })
 
-        return _walked(lambda finished: operations.Walk(self.broker, queue, chosen, finished, act=act, check=check).start()).addCallback(answer)
+        return _walked(lambda finished: DeliveryOrderWalk(self.broker, queue, chosen, finished, act=act, check=check).start()).addCallback(answer)
 
     # -- purge and delete ------------------------------------------------------------------
 
@@ -367,11 +368,20 @@ class QueueActions:
         return self._replay(request, canonical("queue", name, self.broker), document(request, ("ids", "selector", "limit")))
 
     def _replay(self, request: server.Request, full: str, doc: dict[str, Any]) -> Any:
-        """Each dead letter back to its ``originalDestination``; the answer waits for the last of them."""
-        full, queue = self._queue(request, full)
+        """Each dead letter back to its ``originalDestination``; the answer waits for the last of them.
+
+        Whether the name is a dead-letter queue is checked before whether the
+        queue exists: a mistyped name is a 400 "not a dead-letter queue", so
+        a 404 means only that no message has failed yet (the broker makes a
+        DLQ with its first dead letter), which ``gateway dlq replay`` reports
+        as "no dead letters" and a typo as the error it is.
+        """
+        full = canonical("queue", full, self.broker)
+        require(request, Permission.ADMIN, full)
         if not self.broker.is_dead_letter_queue(full):
             raise HttpError(400, f"{full} is not a dead-letter queue (policy: {self.broker.policy.dead_letter_queue}, "
                                  "or DLQ.<queue> with individual_dlq)", destination=full)
+        full, queue = self._queue(request, full)
         chosen = selection(doc)
 
         def allowed(destination: str) -> bool:
@@ -384,6 +394,59 @@ class QueueActions:
             })
 
         return _walked(lambda finished: operations.replay(self.broker, queue, chosen, allowed, finished)).addCallback(answer)
+
+
+class DeliveryOrderWalk(operations.Walk):
+    """A walk that takes messages in the order a consumer is served them, for ``get``.
+
+    ``Walk`` goes in sequence (arrival) order, which is right for purge, move
+    and replay (they take all, or a selection, and the order is not seen) but
+    made ``gateway consume`` hand out a priority-0 message before the
+    priority-9 one a STOMP consumer gets first.  A consumer is served from
+    memory, highest priority first and arrival order within one
+    (core/queue.py ``Pending``); messages paged out to the store come after,
+    in arrival order, as they are paged back in ("priority order holds within
+    what is in memory", core/policy.py).  So this walk first takes the
+    entries in memory when it starts, in the order ``Pending`` yields them,
+    then carries on as a plain walk from the start of the queue, which finds
+    the paged ones (and any a consumer gave back meanwhile).  Entries of the
+    first part that were left (a selector's non-matches, expired ones) are
+    looked at again by the second: wasted reads, not wrong answers, since
+    they are refused again.
+    """
+
+    def start(self) -> None:
+        self.bound = self.broker.next_seq()
+        self.head = [entry.seq for entry in self.queue.pending if entry.seq < self.bound]
+        self.head_index = 0
+        self._step()
+
+    def _chunk(self) -> bool:
+        if self.head_index >= len(self.head):
+            return super()._chunk()
+        queue = self.queue
+        if queue.storage is not None and self.broker.queues.get(queue.name) is not queue:
+            return False  # the queue was deleted meanwhile
+        self.chunks += 1
+        operations._flush(queue)  # this chunk's removals start an empty batch, as Walk's do
+        waiting = {entry.seq: entry for entry in queue.pending}  # a consumer may have taken some since the last chunk
+        taken: list[tuple[Entry, int]] = []
+        examined = 0
+        limit = self.selection.limit
+        while self.head_index < len(self.head) and examined < operations.SCAN and len(taken) < self.size:
+            entry = waiting.get(self.head[self.head_index])
+            self.head_index += 1
+            if entry is None:
+                continue
+            examined += 1
+            if self.selection.wants(entry.message):
+                taken.append((entry, operations.MEMORY))
+                self.matched += 1
+                if limit is not None and self.matched >= limit:
+                    self._apply(taken)
+                    return False
+        self._apply(taken)
+        return True
 
 
 def _taken(item: Browsed) -> dict[str, Any]:

@@ -8,6 +8,7 @@ message for a 4xx, or what to check when the broker cannot be reached.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import ssl
@@ -17,12 +18,28 @@ import urllib.request
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8161"
+# What an answer that is not the admin API's most likely means.
+NOT_ADMIN = "is --url the broker's admin listener (admin_port, default 8161), not a STOMP, MQTT or other port?"
 
 
 class OpsError(Exception):
+    """The broker refused (``status`` is its HTTP status) or could not be reached (0): exit status 1."""
+
+    exit_status = 1
+
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
         self.status = status
+
+
+class UsageError(OpsError):
+    """What the operator gave (or left out) cannot work, so the broker is never asked: exit status 2.
+
+    Apart from OpsError so a script can tell "fix the command line" from
+    "the broker said no" by the exit status alone.
+    """
+
+    exit_status = 2
 
 
 class AdminClient:
@@ -32,7 +49,7 @@ class AdminClient:
                  timeout: float = 600.0) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise OpsError(f"--url must be http://HOST:PORT or https://HOST:PORT, got {url!r}")
+            raise UsageError(f"--url must be http://HOST:PORT or https://HOST:PORT, got {url!r}")
         self.url = url.rstrip("/")
         self.authorization = authorization
         self.context = ssl.create_default_context(cafile=cafile) if parsed.scheme == "https" else None
@@ -57,7 +74,13 @@ class AdminClient:
             reason = getattr(exc, "reason", exc)
             raise OpsError(f"cannot reach the broker's admin listener at {self.url}: {reason} "
                            "(is it running? --url, GATEWAY_URL)") from None
-        return json.loads(raw) if raw.strip() else None
+        except http.client.HTTPException as exc:  # e.g. the STOMP port, whose ERROR frame is no status line
+            said = " ".join(str(exc).split())[:60]  # the peer's first line, on one line
+            raise OpsError(f"{self.url} does not speak HTTP ({type(exc).__name__}: {said}); {NOT_ADMIN}") from None
+        try:
+            return json.loads(raw) if raw.strip() else None
+        except ValueError:  # a web server, a proxy's page: not the admin API
+            raise OpsError(f"{self.url} answered {path} with something that is not JSON; {NOT_ADMIN}") from None
 
     def pages(self, path: str, name: str, **params: Any) -> list[dict[str, Any]]:
         """Every item of a paged list (``{name: [...], "pages": N}``), page by page."""
@@ -87,14 +110,35 @@ def authorization(user: str | None, password: str | None, token: str | None) -> 
     token = token or os.environ.get("GATEWAY_TOKEN")
     user = user or os.environ.get("GATEWAY_USER")
     if token and user:
-        raise OpsError("give a user (and password) or a token, not both")
+        raise UsageError("give a user (and password) or a token, not both")
     if token:
         return "Bearer " + token
     if not user:
         return None
     password = password if password is not None else os.environ.get("GATEWAY_PASSWORD")
     if password is None:
-        import getpass
-
-        password = getpass.getpass(f"Password for {user}: ")
+        password = ask_password(user)
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def ask_password(user: str) -> str:
+    """The password typed on the controlling terminal; UsageError where there is none.
+
+    Without a terminal (cron, CI, ``ssh host gateway ...``) getpass falls back
+    to reading standard input, which either ends at once (an EOFError
+    traceback) or, worse, is ``gateway send``'s message body, whose first
+    line would be sent as the password.  So only a terminal is asked.
+    """
+    missing = (f"no password for user {user}: set GATEWAY_PASSWORD, or run on a terminal to be asked for it "
+               "(or give --token)")
+    if os.name == "posix":
+        try:
+            os.close(os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY))
+        except OSError:
+            raise UsageError(missing) from None
+    import getpass
+
+    try:
+        return getpass.getpass(f"Password for {user}: ")
+    except EOFError:  # Ctrl-D at the prompt
+        raise UsageError(missing) from None

@@ -1,11 +1,13 @@
-"""``gateway stat | browse | purge | send | consume | dlq replay | connections``: the admin API for people and scripts.
+"""``gateway stat | browse | purge | send | consume | dlq list/replay | connections``: the admin API for people and scripts.
 
 Each command is one or a few admin API requests (``gateway/ops/client.py``)
 with the operator's credentials: ``--user`` (password from
-``GATEWAY_PASSWORD`` or asked) or ``--token``, the broker at ``--url``.
-Tables by default, ``--json`` for scripts; the exit status is 0 on success,
-1 when the broker refused or could not be reached (its message on stderr),
-2 for bad arguments.
+``GATEWAY_PASSWORD`` or asked on a terminal) or ``--token``, the broker at
+``--url``.  Tables by default, ``--json`` for scripts; the exit status is 0
+on success, 1 when the broker refused, could not be reached or did only part
+of the work (its message on stderr), 2 for bad arguments or a missing
+password.  A refusal never prints as success: the broker's answer decides,
+the command does not guess from an empty result.
 """
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ import time
 import urllib.parse
 from typing import Any
 
-from gateway.ops.client import DEFAULT_URL, AdminClient, OpsError, authorization
-from gateway.ops.output import Progress, dump, table
+from gateway.ops.client import DEFAULT_URL, AdminClient, OpsError, UsageError, authorization
+from gateway.ops.output import Progress, age, dump, table
 
 COMMANDS = ("stat", "browse", "purge", "send", "consume", "dlq", "connections")
 REPLAY_CHUNK = 10_000  # dead letters per request, so the progress bar moves and no request is long
+# Headers the broker puts on a dead letter (core/broker.py ORIGINAL_DESTINATION, DEAD_LETTER_CAUSE),
+# spelled out: these commands import nothing of the broker, so they run where it is not installed.
+ORIGINAL_DESTINATION = "originalDestination"
+DEAD_LETTER_CAUSE = "dlqDeliveryFailureCause"
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +41,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     stat = commands.add_parser("stat", help="queues with depth, consumers, enqueued and dequeued (as activemq dstat)")
     stat.add_argument("filter", nargs="?", default="", help="only queues whose name contains this")
-    stat.add_argument("--sort", default="name", help="name, messages, consumers, enqueued, dequeued; -FIELD descending")
+    stat.add_argument("--sort", default="name", help="name, messages, consumers, enqueued, dequeued; --sort=-FIELD for descending")
     _common(stat)
 
     browse = commands.add_parser("browse", help="show a queue's messages without consuming them")
@@ -64,8 +70,12 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     consume.add_argument("--selector", help="only messages this JMS selector matches")
     _common(consume)
 
-    dlq = commands.add_parser("dlq", help="dead letters: gateway dlq replay")
+    dlq = commands.add_parser("dlq", help="dead letters: gateway dlq list, gateway dlq replay")
     actions = dlq.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="the dead-letter queues with their depth (browse one to see why each failed)")
+    listing.add_argument("filter", nargs="?", default="", help="only dead-letter queues whose name contains this")
+    listing.add_argument("--sort", default="name", help="name, messages, consumers, enqueued, dequeued; --sort=-FIELD for descending")
+    _common(listing)
     replay = actions.add_parser("replay", help="send dead letters back to where they failed")
     replay.add_argument("--queue", help="the dead-letter queue (default: the broker's, [policy] dead_letter_queue)")
     replay.add_argument("--selector", help="only dead letters this JMS selector matches")
@@ -86,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return int(_COMMANDS[args.command](client, args) or 0)
     except OpsError as exc:
         print(f"gateway {args.command}: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_status
     except (KeyboardInterrupt, BrokenPipeError):
         return 1
 
@@ -101,7 +111,7 @@ def queue_name(text: str) -> str:
         if text.startswith(prefix):
             return text[len(prefix):]
     if text.startswith(("/topic/", "topic://")):
-        raise OpsError(f"{text} is a topic; this command takes a queue")
+        raise UsageError(f"{text} is a topic; this command takes a queue")
     return text
 
 
@@ -131,11 +141,20 @@ def _browse(client: AdminClient, args: argparse.Namespace) -> None:
     if args.json:
         dump(found)
         return
-    table(
-        [(m["id"], m["priority"], "yes" if m["persistent"] else "no", m["redeliveries"],
-          "in flight" if m["in_flight"] else "ready", _preview(m)) for m in found],
-        ("Id", "Priority", "Persistent", "Redeliveries", "State", "Body"),
-    )
+    headers = ["Id", "Priority", "Persistent", "Redeliveries", "State"]
+    rows: list[list[Any]] = [
+        [m["id"], m["priority"], "yes" if m["persistent"] else "no", m["redeliveries"],
+         "in flight" if m["in_flight"] else "ready"] for m in found
+    ]
+    # A dead letter's first questions are where it was going and why it failed: the broker says
+    # both in headers, shown as columns when any message on the page has them (a virtual topic's
+    # consumer queue has originalDestination too: the topic its copies came from).
+    for header, column in ((ORIGINAL_DESTINATION, "OriginalDestination"), (DEAD_LETTER_CAUSE, "Cause")):
+        if any(header in m["headers"] for m in found):
+            headers.append(column)
+            for row, m in zip(rows, found):
+                row.append(m["headers"].get(header))
+    table([[*row, _preview(m)] for row, m in zip(rows, found)], [*headers, "Body"])
 
 
 def _preview(message: dict[str, Any]) -> str:
@@ -211,25 +230,52 @@ def _consume(client: AdminClient, args: argparse.Namespace) -> None:
             print(f"({message['size']} bytes, base64) {message['body']}")
 
 
-def _dlq(client: AdminClient, args: argparse.Namespace) -> None:
+def _dlq(client: AdminClient, args: argparse.Namespace) -> int:
+    return _dlq_list(client, args) if args.action == "list" else _dlq_replay(client, args)
+
+
+def _dlq_list(client: AdminClient, args: argparse.Namespace) -> int:
+    """The queues the broker counts as dead-letter queues (the API's ``dead_letter_queue`` flag).
+
+    The broker decides what is one (its DLQ, and every ``DLQ.<queue>``), so
+    the list follows the policy without the command knowing it.  A DLQ the
+    broker has not made yet (no message has failed) is not listed.
+    """
+    queues = [q for q in client.pages("/api/v1/queues", "queues", filter=args.filter or None, sort=args.sort)
+              if q.get("dead_letter_queue")]
+    if args.json:
+        dump(queues)
+        return 0
+    if not queues:
+        print("no dead-letter queues" + (f" matching {args.filter!r}" if args.filter else ""))
+        return 0
+    table(
+        [(q["name"], q["messages"], q["ready"], q["unacknowledged"], q["consumers"], q["enqueued"],
+          age(q.get("oldest_message_age_ms"))) for q in queues],
+        ("Name", "Messages", "Ready", "Unacked", "Consumers", "Enqueued", "OldestAge"),
+    )
+    return 0
+
+
+def _dlq_replay(client: AdminClient, args: argparse.Namespace) -> int:
     """Replays in requests of REPLAY_CHUNK, so a bar moves while 100,000 dead letters go home.
 
-    Dead letters that cannot go home stay at the head of the DLQ, so each
-    request meets them again: they are counted once, by id.
+    The first request is always made, even when the queue looks empty or
+    absent: the broker says whether the name is a dead-letter queue at all
+    (400 for a typo), and a 404 then means only that no message has failed
+    yet.  Dead letters that cannot go home stay at the head of the DLQ, so
+    each request meets them again: they are counted once, by id.  Any left
+    behind (skipped, or ``--id`` not found) make the exit status 1: a script
+    must not take a partial replay for a done one.
     """
     name = queue_name(args.queue or client.call("GET", "/api/v1/overview")["dead_letter_queue"])
+    destination = f"queue://{name}"
     try:
         total = client.call("GET", f"/api/v1/queues/{_quote(name)}")["ready"]
     except OpsError as exc:
         if exc.status != 404:
             raise
-        total = 0  # no dead letter yet: the broker makes the DLQ with the first
-    if total == 0:
-        if args.json:
-            dump({"destination": f"queue://{name}", "replayed": 0, "skipped_count": 0, "skipped": []})
-        else:
-            print(f"queue://{name}: no dead letters")
-        return
+        total = 0  # not there (yet): the replay request below says whether it is a DLQ's name
     if args.limit is not None:
         total = min(total, args.limit)
     progress = Progress(total, f"replaying {name}")
@@ -245,7 +291,13 @@ def _dlq(client: AdminClient, args: argparse.Namespace) -> None:
         if left <= 0:
             break
         doc["limit"] = min(REPLAY_CHUNK, left) + len(skipped)  # the ones met again do not use up the chunk
-        answer = client.call("POST", "/api/v1/dlq/replay", doc)
+        try:
+            answer = client.call("POST", "/api/v1/dlq/replay", doc)
+        except OpsError as exc:
+            if exc.status == 404 and not replayed and not skipped:
+                total = 0  # a dead-letter queue's name the broker makes with its first dead letter
+                break
+            raise
         replayed += answer["replayed"]
         skipped.update((item["id"], item["reason"]) for item in answer["skipped"])
         last_skipped_count = answer["skipped_count"]
@@ -254,15 +306,25 @@ def _dlq(client: AdminClient, args: argparse.Namespace) -> None:
             break
     progress.update(replayed + len(skipped), final=True)
     skipped_count = max(len(skipped), last_skipped_count)
+    missing = len(set(args.ids)) - replayed - skipped_count if args.ids else 0
     if args.json:
-        dump({"destination": f"queue://{name}", "replayed": replayed, "skipped_count": skipped_count,
+        dump({"destination": destination, "replayed": replayed, "skipped_count": skipped_count,
               "skipped": [{"id": k, "reason": v} for k, v in skipped.items()]})
-        return
-    print(f"queue://{name}: {replayed} replayed, {skipped_count} skipped")
-    for message_id, reason in list(skipped.items())[:20]:
-        print(f"  {message_id}: {reason}")
-    if skipped_count > 20:
-        print(f"  ... and {skipped_count - 20} more (--json lists them)")
+    elif total == 0 and not replayed and not skipped_count and not args.ids:
+        print(f"{destination}: no dead letters")
+    else:
+        print(f"{destination}: {replayed} replayed, {skipped_count} skipped")
+        for message_id, reason in list(skipped.items())[:20]:
+            print(f"  {message_id}: {reason}")
+        if skipped_count > 20:
+            print(f"  ... and {skipped_count - 20} more (--json lists them)")
+    if skipped_count:
+        print(f"gateway dlq: {skipped_count} dead letters could not be replayed and are still in {destination}",
+              file=sys.stderr)
+    if missing > 0:
+        print(f"gateway dlq: {missing} of {len(set(args.ids))} ids given not found ready in {destination}",
+              file=sys.stderr)
+    return 1 if skipped_count or missing > 0 else 0
 
 
 def _connections(client: AdminClient, args: argparse.Namespace) -> None:

@@ -35,6 +35,17 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def age(ms: int | None) -> str | None:
+    """12s, 5m, 3h, 2d (rounded down): how long a message has waited, read at a glance in a narrow column."""
+    if ms is None:
+        return None
+    seconds = max(0, ms) // 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def dump(value: Any, out: TextIO | None = None) -> None:
     print(json.dumps(value, indent=2, sort_keys=True), file=out or sys.stdout)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import io
 
-from gateway.ops.output import Progress, table
+from gateway.ops.output import Progress, age, table
 
 
 class Terminal(io.StringIO):
@@ -29,3 +29,9 @@ def test_progress_draws_on_a_terminal_only():
     quiet = io.StringIO()
     Progress(4, "replaying DLQ", quiet).update(4, final=True)
     assert quiet.getvalue() == ""
+
+
+def test_age_is_one_unit_rounded_down():
+    assert [age(ms) for ms in (None, 0, 999, 59_999, 60_000, 3_599_999, 3_600_000, 86_399_999, 86_400_000 * 3 + 5)] == [
+        None, "0s", "0s", "59s", "1m", "59m", "1h", "23h", "3d",
+    ]
