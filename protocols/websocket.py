@@ -57,7 +57,8 @@ class WebSocketSettings:
     # Seconds between server pings (0: none) and how long a pong may take.
     ping_interval: float = 30.0
     ping_timeout: float = 10.0
-    # Origins allowed to connect ("*" any); browsers send Origin, other clients may not.
+    # Origins allowed to connect ("*" any, a page opened from a file included, whose
+    # browser sends "null"); browsers send Origin, other clients may not.
     allowed_origins: list[str] = field(default_factory=lambda: ["*"])
     # Paths where a client offering no subprotocol speaks STOMP or MQTT (exact
     # match, query string ignored).  An offered subprotocol wins on any path.
@@ -237,6 +238,9 @@ class GatewayWebSocketFactory(WebSocketServerFactory):
             maxMessagePayloadSize=settings.max_message_size,
             maxFramePayloadSize=settings.max_message_size,
             allowedOrigins=[_origin_pattern(o) for o in settings.allowed_origins],
+            # A page opened from a file sends "Origin: null", which autobahn refuses unless told:
+            # "*" means any origin, that one included (a first page tried from disk just works).
+            allowNullOrigin="*" in settings.allowed_origins,
             # Say why (1009 too big, 1002 protocol error) with a close frame instead of a bare drop.
             failByDrop=False,
             closeHandshakeTimeout=0,  # timed here instead (CLOSE_TIMEOUT)

@@ -162,7 +162,17 @@ def test_allowed_origins(small):
         ws_connect(url(small), subprotocols=["v12.stomp"], origin="http://evil.example")
     assert info.value.response.status_code == 400
     assert "not allowed" in info.value.response.reason_phrase
+    with pytest.raises(InvalidStatus) as info:
+        ws_connect(url(small), subprotocols=["v12.stomp"], origin="null")  # a file:// page
+    assert info.value.response.status_code == 400
     with ws_connect(url(small), subprotocols=["v12.stomp"], origin="http://app.example") as ws:
+        stomp_connect(ws)
+
+
+def test_a_page_opened_from_a_file_connects_where_any_origin_is_allowed(broker):
+    """A browser sends "Origin: null" for a file:// page: allowed by "*" (the default), as
+    a first page tried from disk needs (test_allowed_origins: refused where origins are listed)."""
+    with ws_connect(url(broker), subprotocols=["v12.stomp"], origin="null") as ws:
         stomp_connect(ws)
 
 
