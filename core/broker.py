@@ -331,6 +331,7 @@ class Broker:
         queue = self.queues.get(name)
         if queue is not None:
             return queue, False
+        self.check_destination(name)  # the names a producer may send to, and no other
         queue = self._create_queue(name)
         self.store.put_record(DECLARED_QUEUE_KIND, name, b"")
         return queue, True
@@ -385,10 +386,24 @@ class Broker:
         dest.validate(destination, allow_wildcards=allow_wildcards)
 
     def check_destination(self, destination: str) -> None:
-        """Refuse a name no message may be sent to; names seen before are not parsed again."""
+        """Refuse a name no message may be sent to; names seen before are not parsed again.
+
+        The one rule for every producer -- STOMP (each part of a composite), MQTT,
+        the admin API's sends, moves and replays -- and for a queue made by name
+        (an operator's create, a subscription to a queue that does not exist): no
+        wildcard level, in a topic (wildcards are for subscribing) or a queue (a
+        queue ``a.*`` would be a queue of that literal name that no other name
+        reaches).  The one queue whose name holds a wildcard is a virtual topic's
+        consumer queue (``Consumer.A.VirtualTopic.>``), where it is the filter of
+        the topics it takes copies of.
+        """
         checked = self._checked
         if destination not in checked:
             self.check_name(destination, allow_wildcards=False)
+            if destination.startswith("queue://"):
+                level = dest.wildcard_level(destination)
+                if level and self.virtual.topic_filter(destination) is None:
+                    raise dest.wildcard_send(destination, level)
             if destination.startswith("stream://"):
                 raise BrokerError(
                     f"{destination} is a stream: it is fed by its destinations; send to one of them"
@@ -396,6 +411,13 @@ class Broker:
             if len(checked) >= 10_000:
                 checked.clear()
             checked.add(destination)
+
+    def check_new_queue(self, name: str) -> None:
+        """A queue a subscription would make (``name`` is ``queue://...``): named as a producer
+        must name it (``check_destination``), so no ``queue://a.*`` that no producer could
+        reach; a queue that exists passes, so one made before this rule can still be drained."""
+        if name not in self.queues:
+            self.check_destination(name)
 
     def send(self, message: Message, delay_ms: int = 0) -> None:
         """Route now, or after ``delay_ms`` (scheduled delivery)."""

@@ -48,6 +48,8 @@ class Host(QueueHost, Protocol):
 
     def check_destination(self, destination: str) -> None: ...
 
+    def check_new_queue(self, name: str) -> None: ...
+
     def send(self, message: Message, delay_ms: int = 0) -> None: ...
 
     def retain(self, message: Message, bounded: bool = True) -> None: ...
@@ -213,6 +215,8 @@ class Connection:
         consumer is added, so that not even a durable subscription's backlog passes unchecked."""
         broker = self.broker
         broker.check_name(destination, allow_wildcards=True)
+        if destination.startswith("queue://"):
+            broker.check_new_queue(destination)
         if destination.startswith("stream://"):
             return self._subscribe_stream(
                 destination, sink, ack_mode, prefetch, stream_offset or "next", stream_partition, handle,

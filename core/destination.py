@@ -53,6 +53,43 @@ def has_wildcard(destination: str) -> bool:
     return any(level in (ONE_LEVEL, ALL_LEVELS) for level in topic_levels(name_of(destination)))
 
 
+def wildcard_level(destination: str) -> str:
+    """The first wildcard level (``*`` or ``>``) of a queue or topic name; "" when it has none.
+
+    Only a whole level is a wildcard, as in subscriptions: ``a.b*`` is a plain name.
+    """
+    if not destination.startswith(("queue://", "topic://")):
+        return ""
+    for level in topic_levels(name_of(destination)):
+        if level == ONE_LEVEL or level == ALL_LEVELS:
+            return level
+    return ""
+
+
+def wildcard_send(destination: str, level: str) -> InvalidDestination:
+    """The refusal of a message, or of a new queue, named with a wildcard, saying what to use instead.
+
+    A wildcard selects several topics in a subscription; in a name to send to it
+    would select nothing (a topic) or make a queue literally called ``a.*`` that
+    nothing else ever reaches (a queue), so both are refused where they are named.
+
+    Protocol-neutral (names without the STOMP or MQTT spelling), since every
+    entry point -- STOMP, MQTT, the admin API -- shows the same words.
+    """
+    name = name_of(destination)
+    if destination.startswith("topic://"):
+        return InvalidDestination(
+            f"topic name {name!r} has the wildcard {level!r}: wildcards are for subscribing; "
+            f"send to a full topic name, which subscribers of {name!r} receive"
+        )
+    levels = topic_levels(name)
+    as_filter = f"the topic {name!r}" if ALL_LEVELS not in levels[:-1] else "a topic filter"
+    return InvalidDestination(
+        f"queue name {name!r} has the wildcard {level!r}, but a queue is one queue named in full: "
+        f"use a plain queue name, or a topic (send to full topic names, subscribe to {as_filter} to receive them all)"
+    )
+
+
 def validate(destination: str, *, allow_wildcards: bool) -> str:
     """Check a canonical name before it reaches a queue or the trie.
 
@@ -68,7 +105,7 @@ def validate(destination: str, *, allow_wildcards: bool) -> str:
         for i, level in enumerate(levels):
             if level in (ONE_LEVEL, ALL_LEVELS):
                 if not allow_wildcards:
-                    raise InvalidDestination(f"wildcard in a destination to send to: {destination}")
+                    raise wildcard_send(destination, level)
                 if level == ALL_LEVELS and i != len(levels) - 1:
                     raise InvalidDestination(f"'>' must be the last level: {destination}")
     return destination

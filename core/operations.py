@@ -241,7 +241,11 @@ def purge(broker: Broker, queue: MessageQueue, finished: Callable[[Walk], None])
 def move(
     broker: Broker, queue: MessageQueue, target: str, selection: Selection, finished: Callable[[Walk], None],
 ) -> Walk:
-    """Move selected ready messages to another queue, each keeping its id, headers and persistence."""
+    """Move selected ready messages to another queue, each keeping its id, headers and persistence.
+
+    The target is checked as a producer's would be (no ``queue://a.*``), before any message moves.
+    """
+    broker.check_destination(target)
 
     def act(message: Message) -> None:
         broker.reroute(message.copy(destination=target), append=True)

@@ -123,8 +123,12 @@ def selection(doc: dict[str, Any]) -> Selection:
 # -- names -----------------------------------------------------------------------------
 
 
-def canonical(kind: str, name: str, broker: Broker, field: str | None = None) -> str:
-    """``orders.eu`` -> ``queue://orders.eu`` (a canonical name of that kind passes as it is)."""
+def canonical(kind: str, name: str, broker: Broker, field: str | None = None, target: bool = False) -> str:
+    """``orders.eu`` -> ``queue://orders.eu`` (a canonical name of that kind passes as it is).
+
+    ``target``: a name to send, move to or create, checked as a producer's
+    (``Broker.check_destination``: no ``a.*``); other names find what exists.
+    """
     where = f"field {field!r}: " if field else ""
     extra = {"field": field} if field else {}
     if "://" in name:
@@ -134,7 +138,10 @@ def canonical(kind: str, name: str, broker: Broker, field: str | None = None) ->
     else:
         full = f"{kind}://{name}"
     try:
-        broker.check_name(full, allow_wildcards=False)
+        if target:
+            broker.check_destination(full)
+        else:
+            broker.check_name(full, allow_wildcards=False)
     except BrokerError as exc:
         raise HttpError(400, f"{where}{exc}", **extra) from None
     return full
@@ -209,10 +216,10 @@ class QueueActions:
     # -- send --------------------------------------------------------------------------
 
     def send_to_queue(self, request: server.Request, name: str) -> Any:
-        return self._send(request, canonical("queue", name, self.broker))
+        return self._send(request, canonical("queue", name, self.broker, target=True))
 
     def send_to_topic(self, request: server.Request, name: str) -> Any:
-        return self._send(request, canonical("topic", name, self.broker))
+        return self._send(request, canonical("topic", name, self.broker, target=True))
 
     def _send(self, request: server.Request, destination: str) -> Any:
         require(request, Permission.ADMIN, destination)
@@ -260,7 +267,7 @@ class QueueActions:
         sending or subscribing; an operator creates it here so that producers
         and consumers with ``write`` and ``read`` only can use it.
         """
-        full = canonical("queue", name, self.broker)
+        full = canonical("queue", name, self.broker, target=True)
         require(request, Permission.ADMIN, full)
         document(request, ())
         if self.broker.is_dead_letter_queue(full):
@@ -347,7 +354,7 @@ class QueueActions:
         doc = document(request, ("to", "ids", "selector", "limit"))
         to = text_field(doc, "to", required=True)
         assert to is not None
-        target = canonical("queue", to, self.broker, field="to")
+        target = canonical("queue", to, self.broker, field="to", target=True)
         if target == full:
             raise HttpError(400, f"field 'to': the messages are in {full} already", field="to")
         require(request, Permission.ADMIN, target, "field 'to'")

@@ -447,10 +447,12 @@ class StompSession:
         name = frame.headers.get("destination")
         if name is not None and "," in name:
             every = tuple(names.to_canonical_all(name, live.conn.temp_queue, self._existing_queue))
-            for destination in every:
-                self.broker.check_destination(destination)  # all or none: refused before any is sent
         else:
             every = (self._destination(live, frame),)
+        for destination in every:
+            # All or none: a composite is refused before any part is sent.  Before the
+            # access check too, so /queue/a.* is told about its wildcard, not about rights.
+            self.broker.check_destination(destination)
         assert name is not None  # _destination refused a SEND without one
         if "/temp-queue/" not in name and "/amq/queue/" not in name:
             if len(live.sends) >= 1000:

@@ -6,6 +6,8 @@ from twisted.internet.task import Clock
 
 from core.broker import Broker
 from core.consumer import AckMode
+from core.destination import InvalidDestination
+from core.entry import Entry
 from core.errors import (
     BrokerError,
     SubscriptionError,
@@ -589,8 +591,13 @@ def test_virtual_topic_wildcard_consumer_queues():
     wild = c.subscribe("queue://Consumer.A.VirtualTopic.>", every, ack_mode=AckMode.CLIENT_INDIVIDUAL)
     c.subscribe("queue://Consumer.B.VirtualTopic.*.orders", eu)
     c.subscribe("queue://Consumer.C.VirtualTopic.eu.orders", exact)
-    for name in ("queue://Consumer.D.VirtualTopic.>.x", "queue://Consumer.E.F.VirtualTopic.x", "queue://Consumer.VirtualTopic.x"):
+    for name in ("queue://Consumer.E.F.VirtualTopic.x", "queue://Consumer.VirtualTopic.x"):
         c.subscribe(name, Sink())  # ordinary queues: not consumer queues of anything
+    # Not a consumer queue either ('>' before the end filters nothing), so its wildcard
+    # makes it a queue nobody could send to: refused rather than made.
+    with pytest.raises(InvalidDestination, match="queue name 'Consumer.D.VirtualTopic.>.x' has the wildcard '>'"):
+        c.subscribe("queue://Consumer.D.VirtualTopic.>.x", Sink())
+    assert "queue://Consumer.D.VirtualTopic.>.x" not in broker.queues
     send(c, VT, "o")
     send(c, "topic://VirtualTopic.eu.orders", "eu")
     send(c, "topic://VirtualTopic.eu.orders.late", "deep")
@@ -764,3 +771,35 @@ def test_virtual_topic_copy_keeps_every_field_of_the_message():
             assert getattr(copy, name) == getattr(original, name), name
     # A field added to Message must be set above (non-default) and copied by _consumer_copy.
     assert {name for name in (*FIELDS, "cache") if getattr(original, name) in (None, 0, False, b"", {})} == {"cache"}
+
+
+def test_a_wildcard_queue_is_no_place_to_send_to_create_or_subscribe():
+    """``queue://a.*`` would be a queue of that literal name no other name reaches: refused
+    where a producer, an operator or a subscription names it, with what to use instead;
+    nothing is made.  A queue of such a name made before the rule can still be drained."""
+    broker, _ = make()
+    c = broker.connect()
+    refusal = (
+        "queue name 'a.*' has the wildcard '*', but a queue is one queue named in full: use a plain "
+        "queue name, or a topic (send to full topic names, subscribe to the topic 'a.*' to receive them all)"
+    )
+    for attempt in (
+        lambda: send(c, "queue://a.*", "x"),
+        lambda: broker.declare_queue("queue://a.*"),
+        lambda: c.subscribe("queue://a.*", Sink()),
+    ):
+        with pytest.raises(InvalidDestination) as refused:
+            attempt()
+        assert str(refused.value) == refusal
+    assert "queue://a.*" not in broker.queues and broker.messages_received == 0
+    # '>' before the end filters nothing: no topic is suggested.
+    with pytest.raises(InvalidDestination, match=r"subscribe to a topic filter to receive them all\)$"):
+        send(c, "queue://a.>.b", "x")
+    # A plain name with a '*' inside a level is a plain name.
+    send(c, "queue://a.b*", "plain")
+    assert [e.message.body for e in broker.queues["queue://a.b*"].messages()] == [b"plain"]
+    # Made before the rule (as recovery would, from the store): a consumer drains it.
+    broker.queue("queue://old.*").enqueue(Entry(msg(broker, "queue://old.*", "kept"), broker.next_seq()))
+    drained = Sink()
+    c.subscribe("queue://old.*", drained)
+    assert drained.bodies == ["kept"]

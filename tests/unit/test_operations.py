@@ -105,3 +105,29 @@ def test_replay_reasons_and_a_restart_over_the_same_store():
     assert all("originalDestination" not in m.headers and "dlqDeliveryFailureCause" not in m.headers for m in home)
     again, _ = make(store.reopen())
     assert sorted(bodies(again, "queue://home")) == ["x", "y"] and bodies(again, "queue://DLQ") == ["forged"]
+
+
+def test_wildcard_targets_are_refused_before_anything_moves_and_replay_skips_them():
+    """A move to ``queue://a.*`` would make a queue nothing else reaches: refused before the walk
+    starts.  A dead letter whose ``originalDestination`` is such a name (a queue made before the
+    rule, or a forged header) stays in the DLQ with the reason; a virtual topic's wildcard
+    consumer queue is a queue like any other and takes its dead letters back."""
+    import pytest
+
+    from core.destination import InvalidDestination
+
+    broker, clock = make()
+    send(broker, "queue://a", "m")
+    with pytest.raises(InvalidDestination, match="queue name 'b.>' has the wildcard '>'"):
+        operations.move(broker, broker.queues["queue://a"], "queue://b.>", Selection(), lambda walk: None)
+    assert "queue://b.>" not in broker.queues and bodies(broker, "queue://a") == ["m"]
+
+    send(broker, "queue://DLQ", "lost", originalDestination="queue://a.*")
+    send(broker, "queue://DLQ", "copy", originalDestination="queue://Consumer.A.VirtualTopic.>")
+    walk, _ = run(clock, lambda done: operations.replay(broker, broker.queues["queue://DLQ"], Selection(), lambda d: True, done))
+    assert walk.done == 1 and [reason for _, reason in walk.skipped] == [
+        "originalDestination queue://a.*: queue name 'a.*' has the wildcard '*', but a queue is one queue named in full: "
+        "use a plain queue name, or a topic (send to full topic names, subscribe to the topic 'a.*' to receive them all)"
+    ]
+    assert "queue://a.*" not in broker.queues and bodies(broker, "queue://DLQ") == ["lost"]
+    assert bodies(broker, "queue://Consumer.A.VirtualTopic.>") == ["copy"]
