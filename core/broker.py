@@ -18,6 +18,7 @@ from core import destination as dest
 from core.duplicates import DUPLICATE_ID_HEADER, DuplicateCache
 from core.entry import Entry
 from core.errors import BrokerError, SubscriptionError, UnknownDestination, UserLimit
+from core.history import TrafficHistory
 from core.message import Message, decode_message, encode_message
 from core.policy import Policy
 from core.queue import MemoryUsage, MessageQueue
@@ -134,6 +135,8 @@ class Broker:
 
             self.streams = StreamSet(list(streams), store, self.now_ms)
         self._retention: Any = None
+        self.history = TrafficHistory(self.policy.traffic_history_interval)
+        self._history_call: Any = None
         # Protocol name -> its persistent sessions, for operators (registered by the protocol).
         self.sessions: dict[str, SessionKeeper] = {}
 
@@ -144,11 +147,16 @@ class Broker:
         self.recover()
         self._schedule_sweep()
         self._schedule_retention()
+        if self.history.interval:
+            self._sample_traffic()
 
     def stop(self) -> None:
         if self._sweeper is not None and self._sweeper.active():
             self._sweeper.cancel()
         self._sweeper = None
+        if self._history_call is not None and self._history_call.active():
+            self._history_call.cancel()
+        self._history_call = None
         if self._retention is not None and self._retention.active():
             self._retention.cancel()
         self._retention = None
@@ -188,6 +196,12 @@ class Broker:
         interval = self.policy.stream_retention_interval
         if self.streams.active and interval > 0:
             self._retention = self.clock.callLater(interval, self._apply_retention)
+
+    def _sample_traffic(self) -> None:
+        """One sample of the totals into the history (the first at start), then the next in ``interval``."""
+        received, sent = self.traffic_totals()
+        self.history.add(self.now_ms(), received, sent)
+        self._history_call = self.clock.callLater(self.history.interval, self._sample_traffic)
 
     def _apply_retention(self) -> None:
         try:
@@ -285,6 +299,18 @@ class Broker:
         """Deliveries to clients: each connection counts its own (Consumer.deliver), closed ones are kept
         in ``closed_traffic``; summed when asked ($SYS, every few seconds), not counted twice per delivery."""
         return sum(c.messages_out for c in self.connections.values()) + sum(t[1] for t in self.closed_traffic.values())
+
+    def traffic_totals(self) -> tuple[int, int]:
+        """(messages received from clients, messages sent to them) since start, open and closed
+        connections together: the counters the overview answers and the history samples."""
+        received = sent = 0
+        for conn in self.connections.values():
+            received += conn.messages_in
+            sent += conn.messages_out
+        for done_in, done_out in self.closed_traffic.values():
+            received += done_in
+            sent += done_out
+        return received, sent
 
     @property
     def deliveries_denied(self) -> int:

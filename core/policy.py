@@ -61,6 +61,10 @@ class Policy:
     duplicate_cache_size: int = 100_000
     # Seconds between retention sweeps of the streams (age limits, reader leases).
     stream_retention_interval: float = 10.0
+    # Seconds between the samples of the message totals kept for the last five
+    # minutes (core/history.py), which the console's chart shows as soon as it
+    # loads (/api/v1/overview/history); 0 keeps none.
+    traffic_history_interval: float = 5.0
     # Bounds on a destination name a client may send to or subscribe to: levels
     # (EMQX's max_topic_levels is 128) and characters.  A device generating
     # topics in a loop must not make the broker walk or keep unbounded names.

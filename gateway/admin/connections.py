@@ -56,6 +56,24 @@ def subscriptions_of(conn: Connection, index: SubscriptionIndex) -> list[str]:
     return sorted(set(found))
 
 
+# The core's protocol names (``mqtt/4``: the CONNECT packet's protocol level) as people know them.
+_PROTOCOL_NAMES = {"mqtt/3": "MQTT 3.1", "mqtt/4": "MQTT 3.1.1", "mqtt/5": "MQTT 5.0", "http": "HTTP"}
+
+
+def protocol_name(protocol: str, remote: str) -> str:
+    """``mqtt/4`` -> ``MQTT 3.1.1``, ``stomp/1.2`` -> ``STOMP 1.2``, with `` over WebSocket`` for a
+    WebSocket client (its remote address starts ``ws:``, protocols/websocket.py).
+
+    For people (the console's Protocol column); ``protocol`` stays the machine
+    value scripts sort and filter by, as /metrics labels do.
+    """
+    name = _PROTOCOL_NAMES.get(protocol)
+    if name is None:
+        family, _, version = protocol.partition("/")
+        name = f"{family.upper()} {version}".strip() if family else "unknown"
+    return f"{name} over WebSocket" if remote.startswith(("ws:", "wss:")) else name
+
+
 def _reason(text: object) -> str:
     if text is None or text == "":
         return DEFAULT_REASON
@@ -77,6 +95,7 @@ class ConnectionsAPI:
         return {
             "id": conn.id,
             "protocol": conn.protocol,
+            "protocol_name": protocol_name(conn.protocol, conn.remote),
             "client_id": conn.client_id,
             "user": conn.user,
             "remote": conn.remote,
@@ -106,7 +125,7 @@ class ConnectionsAPI:
         index = SubscriptionIndex(self.broker)
         return json_body(200, paged(
             page, list(self.broker.connections.values()),
-            text=lambda c: f"{c.id} {c.protocol} {c.client_id or ''} {c.user or ''} {c.remote}",
+            text=lambda c: f"{c.id} {c.protocol} {protocol_name(c.protocol, c.remote)} {c.client_id or ''} {c.user or ''} {c.remote}",
             sorts=sorts, describe=lambda c: self._describe(c, index), name="connections",
         ))
 

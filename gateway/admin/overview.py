@@ -2,7 +2,10 @@
 
 Totals only, as counters a client turns into rates by comparing two answers
 (messages/s in and out): O(queues + connections), no per-message work.
-Needs ``admin`` on ``broker://overview`` once users are configured.
+``/api/v1/overview/history`` answers the same two counters as the broker
+sampled them over the last five minutes (core/history.py), so a page opened
+now charts the minutes before it instead of starting empty.
+Both need ``admin`` on ``broker://overview`` once users are configured.
 """
 from __future__ import annotations
 
@@ -26,20 +29,16 @@ class OverviewAPI:
 
     def install(self, router: Router) -> None:
         router.add("/api/v1/overview", get=self.overview)
+        router.add("/api/v1/overview/history", get=self.history)
 
     def overview(self, request: server.Request) -> Any:
         require(request, Permission.ADMIN, RESOURCE)
         broker = self.broker
         by_protocol: dict[str, int] = {}
-        received = sent = 0
         for conn in broker.connections.values():
             family = protocol_family(conn.protocol)
             by_protocol[family] = by_protocol.get(family, 0) + 1
-            received += conn.messages_in
-            sent += conn.messages_out
-        for done_in, done_out in broker.closed_traffic.values():
-            received += done_in
-            sent += done_out
+        received, sent = broker.traffic_totals()
         queues = [q for name, q in broker.queues.items() if name.startswith(QUEUE_PREFIX)]
         ready = sum(len(q) for q in queues)
         unacked = sum(q.inflight for q in queues)
@@ -61,4 +60,21 @@ class OverviewAPI:
             "dead_letter_queue": broker.policy.dead_letter_queue,
             "memory": {"pending_bytes": broker.memory.bytes, "limit_bytes": broker.memory.limit},
             "store": {"usage_bytes": usage.bytes, "limit_bytes": usage.limit, "full": usage.full},
+        })
+
+    def history(self, request: server.Request) -> Any:
+        """The sampled totals of the last five minutes, oldest first, each with the rates since the one before.
+
+        ``interval_seconds`` 0: sampling is off (``[policy] traffic_history_interval``),
+        and ``samples`` is empty.  ``now_ms`` is the broker's clock, which the
+        samples' ``time_ms`` are on, so a client places them without trusting its own.
+        """
+        require(request, Permission.ADMIN, RESOURCE)
+        broker = self.broker
+        history = broker.history
+        return json_body(200, {
+            "now_ms": broker.now_ms(),
+            "interval_seconds": history.interval,
+            "window_seconds": history.window,
+            "samples": history.describe(),
         })

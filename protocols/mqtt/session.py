@@ -1136,9 +1136,14 @@ class MqttSession:
             self._server_disconnect(ReasonCode.SERVER_SHUTTING_DOWN, "the broker is shutting down")
 
     def close_by_admin(self, reason: str) -> None:
-        """An operator closed this connection (admin API): 5.0 DISCONNECT 0x98 with the reason; 3.x a close."""
+        """An operator closed this connection (admin API): 5.0 DISCONNECT 0x98 with the reason; 3.x a close.
+
+        Logged with the connection's label, as STOMP's is: 3.x clients are told
+        nothing, so the log is the only place the reason is kept.
+        """
         if not self.closed:
             self.close_reason = "admin"
+            log.info("[{label}] closed by an operator: {reason}", label=self.label, reason=reason)
             self._server_disconnect(ReasonCode.ADMINISTRATIVE_ACTION, reason)
 
     def take_over(self) -> None:

@@ -810,9 +810,14 @@ class StompSession:
             self.transport.write(data)
 
     def _fail(self, message: str, detail: str = "", receipt: str | None = None) -> None:
+        """The client did something wrong: logged as a protocol error, then ``_error_and_close``."""
         if self.close_reason == "normal":
             self.close_reason = "error"
         log.info("[{label}] protocol error: {message}", label=self.label, message=message)
+        self._error_and_close(message, detail, receipt)
+
+    def _error_and_close(self, message: str, detail: str = "", receipt: str | None = None) -> None:
+        """An ERROR frame (the client's only way to learn why), then the close; the caller logs why."""
         message = message.replace("\r", " ").replace("\n", " ")
         headers = [("message", message), ("content-type", "text/plain")]
         if receipt is not None:
@@ -825,16 +830,22 @@ class StompSession:
         self._close()
 
     def close_by_admin(self, reason: str) -> None:
-        """An operator closed this connection (admin API): an ERROR with the reason, then the close."""
+        """An operator closed this connection (admin API): an ERROR with the reason, then the close.
+
+        Logged as what it is, an operator's decision, so that a search of the
+        log for protocol errors finds clients that misbehaved, not maintenance.
+        """
         if not self.closed:
             self.close_reason = "admin"
-            self._fail(reason, "the connection was closed by an administrator")
+            log.info("[{label}] closed by an operator: {reason}", label=self.label, reason=reason)
+            self._error_and_close(reason, "the connection was closed by an administrator")
 
     def shutdown(self, reason: str = "Broker shutting down") -> None:
-        """The broker is stopping: tell the client why, then close."""
+        """The broker is stopping: tell the client why, then close (not a protocol error either)."""
         if not self.closed:
             self.close_reason = "shutdown"
-            self._fail(reason, "the broker is shutting down; reconnect later")
+            log.info("[{label}] closing: {reason}", label=self.label, reason=reason)
+            self._error_and_close(reason, "the broker is shutting down; reconnect later")
 
     def _close(self, last: bytes = b"") -> None:
         """``last``: a frame written once the core has closed the connection (DISCONNECT's receipt)."""

@@ -9,6 +9,7 @@ script would change (bounding boxes, overflow, a blank picture).
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import re
@@ -39,7 +40,9 @@ DLQ = "queue://DLQ"
 
 @pytest.fixture(scope="module")
 def handle(tmp_path_factory):
-    config = make_config(tmp_path_factory.mktemp("console"), max_redeliveries=1, redelivery_delay_ms=0)
+    # Samples every 0.2 s rather than 5 s: the chart's history fills within the test.
+    config = make_config(tmp_path_factory.mktemp("console"), max_redeliveries=1, redelivery_delay_ms=0,
+                         traffic_history_interval=0.2)
     handle = BrokerHandle(config)
     yield handle
     handle.stop()
@@ -142,8 +145,8 @@ def test_overview_shows_the_connections_and_messages_clients_made(console):
     expected = console.api("GET", "/api/v1/overview")
     assert expected["connections"]["total"] == 4  # nothing else is connected: the module's tests clean up
     wait_text(console.field("connections"), "4")
-    assert console.page.locator('[data-protocol="stomp"] b').inner_text() == "3"
-    assert console.page.locator('[data-protocol="mqtt"] b').inner_text() == "1"
+    assert console.page.locator('[data-protocol="stomp"]').inner_text() == "STOMP 3"
+    assert console.page.locator('[data-protocol="mqtt"]').inner_text() == "MQTT 1"
     wait_text(console.field("received"), str(expected["messages"]["received"]))
     wait_text(console.field("queues"), str(expected["queues"]["count"]))
     # The rates come from two polls: a number once the second has come.
@@ -155,6 +158,89 @@ def test_overview_shows_the_connections_and_messages_clients_made(console):
     mqtt_close(device)
     # Closed connections leave the count at the next refresh.
     wait_text(console.field("connections"), "0")
+
+
+def until(check, timeout=10.0):
+    """Poll ``check`` (the broker's state, changed by its reactor thread) until it is true; its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            assert value, "the condition did not come true in time"
+            return value
+        time.sleep(0.02)
+
+
+CHART = """() => {
+    const box = document.querySelector('figure.chart-box');
+    const rect = (el) => { const r = el.getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width, h: r.height}; };
+    const ys = (cls) => (box.querySelector(`polyline.${cls}`).getAttribute('points') || '').split(' ').filter(Boolean)
+        .map((p) => Number(p.split(',')[1]));
+    return {
+        points: Number(box.dataset.points),
+        in_ys: ys('in'), out_ys: ys('out'),
+        y_title: box.querySelector('[data-axis="y"]').textContent,
+        x_title: box.querySelector('[data-axis="x"]').textContent,
+        y_ticks: [...box.querySelectorAll('.ticks.y span')].map((s) => s.textContent),
+        x_ticks: [...box.querySelectorAll('.ticks.x span')].map((s) => s.textContent),
+        collecting: !box.querySelector('.chart-empty').hidden,
+        collecting_text: box.querySelector('.chart-empty').textContent,
+        plot: rect(box.querySelector('svg.chart')), y_box: rect(box.querySelector('[data-axis="y"]')),
+        x_box: rect(box.querySelector('[data-axis="x"]')),
+    };
+}"""
+
+
+def test_a_page_opened_after_traffic_charts_the_minutes_before_it(chromium, console):
+    """The chart starts from the broker's samples (/api/v1/overview/history), not empty, with labelled axes."""
+    conn, got = connect(console.handle)
+    for i in range(40):
+        conn.send("/queue/chart.q", f"m{i}")
+    sync(conn, got)
+    disconnect(conn)
+    # The barrier: the broker has sampled the burst (a sample with a rate above 0).
+    history = until(lambda: (h := console.api("GET", "/api/v1/overview/history"))
+                    and any((s["in_per_second"] or 0) > 0 for s in h["samples"]) and h)
+    assert history["interval_seconds"] == 0.2 and history["window_seconds"] == 300
+
+    context = chromium.new_context(viewport=VIEWPORT)  # a fresh load, as a person opening the console now
+    try:
+        page = context.new_page()
+        page.goto(f"{console.base}/console/#/")
+        page.wait_for_function("() => document.querySelector('main').dataset.shown === '#/'")
+        chart = page.evaluate(CHART)  # after the first refresh: only the broker's samples can be drawn yet
+    finally:
+        context.close()
+    assert chart["points"] >= 2 and not chart["collecting"]
+    assert min(chart["in_ys"]) < 100, chart["in_ys"]  # the burst is above the x axis
+    assert chart["y_title"] == "messages / s" and chart["x_title"] == "time, the last 5 minutes"
+    assert chart["x_ticks"] == ["−5 min", "−4 min", "−3 min", "−2 min", "−1 min", "now"]
+    top = chart["y_ticks"][0]
+    assert chart["y_ticks"][2] == "0" and float(top.replace(",", "")) >= max(
+        s["in_per_second"] or 0 for s in history["samples"]) * 0.999
+    # The y title is left of the plot, the x title below it (the stylesheet's grid held).
+    assert chart["y_box"]["x"] + chart["y_box"]["w"] <= chart["plot"]["x"]
+    assert chart["x_box"]["y"] >= chart["plot"]["y"] + chart["plot"]["h"]
+    assert chart["plot"]["h"] > 100 and chart["plot"]["w"] > 300
+
+
+def test_without_history_the_chart_says_it_is_collecting(chromium, tmp_path):
+    handle = BrokerHandle(make_config(tmp_path, traffic_history_interval=0))
+    context = chromium.new_context(viewport=VIEWPORT)
+    try:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{handle.admin_port}/console/#/")
+        page.wait_for_function("() => document.querySelector('main').dataset.shown === '#/'")
+        chart = page.evaluate(CHART)
+        assert chart["points"] == 0 and chart["collecting"]
+        assert chart["collecting_text"] == "Collecting: a point every few seconds"
+        assert page.locator(".chart-empty").is_visible()
+        # The refreshes' own points replace it (the second refresh has a rate).
+        page.wait_for_function("() => document.querySelector('figure.chart-box').dataset.points !== '0'")
+        assert not page.locator(".chart-empty").is_visible()
+    finally:
+        context.close()
+        handle.stop()
 
 
 # -- queues -----------------------------------------------------------------------------------
@@ -387,7 +473,7 @@ def test_connections_page_lists_a_client_and_closing_it_tells_the_client_why(con
     row = page.locator("main tbody tr[data-key]")
     conn_id = row.get_attribute("data-key")
     assert row.locator('td[data-col="client_id"]').inner_text() == "console-victim"
-    assert row.locator('td[data-col="protocol"]').inner_text() == "stomp/1.2"
+    assert row.locator('td[data-col="protocol"]').inner_text() == "STOMP 1.2"
     assert row.locator('td[data-col="messages_in"]').inner_text() == "1"
     row.get_by_role("button", name="Close…").click()
     console.confirm("maintenance window")
@@ -395,6 +481,45 @@ def test_connections_page_lists_a_client_and_closing_it_tells_the_client_why(con
     assert got.disconnected.wait(5)
     assert [e.headers.get("message") for e in got.errors] == ["maintenance window"]
     page.wait_for_selector("main tbody tr.empty")
+
+
+def test_connections_page_names_protocols_as_people_know_them(console):
+    """``mqtt/4`` is MQTT 3.1.1 to its users: the column shows that; the API keeps its machine value."""
+    from websockets.sync.client import connect as ws_connect
+
+    from protocols.stomp.codec import StompDecoder, encode_frame
+
+    handle = console.handle
+    stomp_conn, _ = connect(handle, client_id="proto-stomp")
+    devices = [mqtt_connect(handle, f"proto-v{v}", version=v)[0] for v in (3, 4, 5)]
+    stack = contextlib.ExitStack()
+    try:
+        ws = stack.enter_context(ws_connect(f"ws://127.0.0.1:{handle.ws_port}/", subprotocols=["v12.stomp"]))
+        ws.send(encode_frame("CONNECT", [("accept-version", "1.2"), ("host", "x"), ("client-id", "proto-ws")]).decode())
+        data = ws.recv(timeout=5)
+        assert StompDecoder(version="1.2").feed(data.encode() if isinstance(data, str) else data)[0].command == "CONNECTED"
+        console.open("connections?filter=proto-")
+        page = console.page
+        page.wait_for_function("() => document.querySelectorAll('main tbody tr[data-key]').length === 5")
+        shown = dict(zip(page.locator('main tbody td[data-col="client_id"]').all_inner_texts(),
+                         page.locator('main tbody td[data-col="protocol"]').all_inner_texts()))
+        assert shown == {
+            "proto-stomp": "STOMP 1.2", "proto-v3": "MQTT 3.1", "proto-v4": "MQTT 3.1.1", "proto-v5": "MQTT 5.0",
+            "proto-ws": "STOMP 1.2 over WebSocket",
+        }
+        api = console.api("GET", "/api/v1/connections?filter=proto-")["connections"]
+        assert {c["client_id"]: c["protocol"] for c in api} == {
+            "proto-stomp": "stomp/1.2", "proto-v3": "mqtt/3", "proto-v4": "mqtt/4", "proto-v5": "mqtt/5", "proto-ws": "stomp/1.2",
+        }
+        # The filter finds people's names too.
+        console.open("connections?filter=MQTT%203.1.1")
+        page.wait_for_function("() => document.querySelectorAll('main tbody tr[data-key]').length === 1")
+        assert page.locator('main tbody td[data-col="client_id"]').inner_text() == "proto-v4"
+    finally:
+        stack.close()
+        disconnect(stomp_conn)
+        for device in devices:
+            mqtt_close(device)
 
 
 # -- topics, durable subscriptions, MQTT sessions ---------------------------------------------------

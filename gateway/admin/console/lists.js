@@ -145,7 +145,7 @@ export function connectionsView(ctx) {
   async function close(c) {
     const reason = await ask({
       title: `Close connection ${c.id}?`,
-      text: `${c.protocol} ${c.client_id ? `client “${c.client_id}” ` : ""}from ${c.remote}. The client is told the reason in its own protocol; its unacknowledged messages go back to their queues.`,
+      text: `${c.protocol_name || c.protocol} ${c.client_id ? `client “${c.client_id}” ` : ""}from ${c.remote}. The client is told the reason in its own protocol; its unacknowledged messages go back to their queues.`,
       confirm: "Close connection", danger: true,
       input: { label: "Reason", value: "closed by an administrator" },
     });
@@ -158,7 +158,8 @@ export function connectionsView(ctx) {
     empty: "No connections match.", rates: ["messages_in", "messages_out"],
     columns: [
       { id: "id", label: "ID", sort: "id", cls: "mono", value: (c) => c.id },
-      { id: "protocol", label: "Protocol", sort: "protocol", value: (c) => c.protocol },
+      // The API's display name (MQTT 3.1.1, STOMP 1.2 over WebSocket); "protocol" is the machine value (mqtt/4).
+      { id: "protocol", label: "Protocol", sort: "protocol", title: "Protocol and version, and WebSocket when the client came over it", value: (c) => c.protocol_name || c.protocol },
       { id: "client_id", label: "Client ID", sort: "client_id", cls: "clip", titleFrom: true, value: (c) => c.client_id || DASH },
       { id: "user", label: "User", sort: "user", value: (c) => c.user || DASH },
       { id: "remote", label: "Remote", sort: "remote", cls: "mono", value: (c) => c.remote },

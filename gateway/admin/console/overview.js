@@ -1,10 +1,15 @@
 // The front page: the broker at a glance, from /api/v1/overview every 2 s.  Messages per second are
-// the difference of the "received"/"sent" counters between two answers, over the broker's own clock.
+// the difference of the "received"/"sent" counters between two answers, over the broker's own clock;
+// the chart starts with the last five minutes the broker sampled (/api/v1/overview/history).
 
 import { get } from "./api.js";
 import { DASH, Table, age, bytes, h, int, percent, rate, showError } from "./ui.js";
 
-const HISTORY = 150; // points of the rate chart: 5 minutes at one per 2 s
+const WINDOW_MS = 5 * 60 * 1000; // what the chart spans: the broker keeps the same five minutes of samples
+const MINUTES = [5, 4, 3, 2, 1, 0]; // x-axis ticks, minutes before the latest point
+
+// People's names for the overview's protocol families (the API keeps the machine value).
+const FAMILIES = { stomp: "STOMP", mqtt: "MQTT", http: "HTTP" };
 
 function card(title, ...body) {
   return h("div", { class: "card" }, h("h3", {}, title), ...body);
@@ -19,12 +24,35 @@ function meter(field) {
   return { el: h("div", { class: "meter", dataset: { field } }, fill), fill };
 }
 
+// 1, 2, 5, 10, 20, 50...: the smallest at or above n, so the y-axis ticks are round numbers.
+function niceCeil(n) {
+  if (n <= 1) return 1;
+  const power = 10 ** Math.floor(Math.log10(n));
+  for (const step of [1, 2, 5, 10]) if (step * power >= n) return step * power;
+  return 10 * power;
+}
+
+// Messages per second in and out over the last five minutes, by the broker's clock: the samples the broker
+// kept (/api/v1/overview/history, one per 5 s) first, then one point per refresh.  x is time (viewBox units
+// are seconds), y is messages per second; the axes are labelled in HTML around the SVG, which is stretched.
 function chart() {
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("viewBox", `0 0 ${HISTORY - 1} 100`);
+  const width = WINDOW_MS / 1000;
+  svg.setAttribute("viewBox", `0 0 ${width} 100`);
   svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", "Messages per second in and out, the last five minutes");
   svg.classList.add("chart");
+  const grid = (x1, y1, x2, y2) => {
+    const line = document.createElementNS(ns, "line");
+    Object.entries({ x1, y1, x2, y2 }).forEach(([k, v]) => line.setAttribute(k, String(v)));
+    line.classList.add("grid");
+    line.setAttribute("vector-effect", "non-scaling-stroke");
+    svg.append(line);
+  };
+  grid(0, 50, width, 50);
+  for (const m of MINUTES.slice(1, -1)) grid(width - m * 60, 0, width - m * 60, 100);
   const lines = ["in", "out"].map((cls) => {
     const line = document.createElementNS(ns, "polyline");
     line.classList.add(cls);
@@ -32,18 +60,37 @@ function chart() {
     svg.append(line);
     return line;
   });
-  const points = [];
+  const yTicks = [h("span", {}, "1"), h("span", {}, "0.5"), h("span", {}, "0")];
+  const empty = h("div", { class: "chart-empty" }, "Collecting: a point every few seconds");
+  const el = h("figure", { class: "chart-box", dataset: { points: "0" } },
+    h("div", { class: "axis-title y", dataset: { axis: "y" } }, "messages / s"),
+    h("div", { class: "ticks y" }, ...yTicks),
+    h("div", { class: "plot" }, svg, empty),
+    h("div", { class: "ticks x" }, ...MINUTES.map((m) => h("span", {}, m ? `−${m} min` : "now"))),
+    h("div", { class: "axis-title x", dataset: { axis: "x" } }, "time, the last 5 minutes"));
+  const points = []; // [broker ms, in/s, out/s], oldest first
+
+  function draw() {
+    const end = points.length ? points[points.length - 1][0] : 0;
+    const top = niceCeil(Math.max(0, ...points.map((p) => Math.max(p[1], p[2]))));
+    [top, top / 2, 0].forEach((v, i) => { yTicks[i].textContent = rate(v).replace(/\.0$/, ""); });
+    lines.forEach((line, k) => {
+      line.setAttribute("points", points.map((p) => `${(width - (end - p[0]) / 1000).toFixed(1)},${(100 - (98 * p[k + 1]) / top).toFixed(1)}`).join(" "));
+    });
+    el.dataset.points = String(points.length);
+    empty.hidden = points.length > 0;
+    return top;
+  }
+
+  draw();
   return {
-    el: svg,
-    add(inRate, outRate) {
-      points.push([inRate, outRate]);
-      if (points.length > HISTORY) points.shift();
-      const top = Math.max(1, ...points.flat()) * 1.1;
-      const offset = HISTORY - points.length;
-      lines.forEach((line, k) => {
-        line.setAttribute("points", points.map((p, i) => `${offset + i},${(97 - (94 * p[k]) / top).toFixed(1)}`).join(" "));
-      });
-      return top / 1.1;
+    el,
+    // A point at broker time t; one not after the last is dropped (a history sample the live refreshes passed).
+    add(t, inRate, outRate) {
+      if (points.length && t <= points[points.length - 1][0]) return null;
+      points.push([t, inRate, outRate]);
+      while (points.length && points[0][0] < t - WINDOW_MS) points.shift();
+      return draw();
     },
   };
 }
@@ -52,7 +99,6 @@ export function overviewView(ctx) {
   const store = meter("store-meter");
   const memory = meter("memory-meter");
   const rates = chart();
-  const peak = h("span", { class: "muted" });
   const dlqLink = h("a", { class: "sub", hidden: true, dataset: { field: "dlq-link" } }, "dead-letter queue →");
   const protocols = h("div", { class: "protocols", dataset: { field: "connections-by-protocol" } });
   const deepest = new Table([
@@ -82,7 +128,7 @@ export function overviewView(ctx) {
           h("span", { dataset: { field: "retained" } }, DASH), " retained messages, ",
           h("span", { dataset: { field: "streams" } }, DASH), " streams"))),
     h("div", { class: "panels" },
-      h("div", { class: "panel" }, h("h3", {}, "Messages per second ", h("span", { class: "legend in" }, "in"), " ", h("span", { class: "legend out" }, "out"), " ", peak), rates.el),
+      h("div", { class: "panel" }, h("h3", {}, "Messages per second ", h("span", { class: "legend in" }, "in"), " ", h("span", { class: "legend out" }, "out")), rates.el),
       h("div", { class: "panel" }, h("h3", {}, "Deepest queues ", h("a", { href: "#/queues?sort=-messages", class: "more" }, "all queues →")), deepest.el)));
 
   const set = (field, text) => {
@@ -90,6 +136,7 @@ export function overviewView(ctx) {
     if (node.textContent !== text) node.textContent = text;
   };
   let previous = null;
+  let seeded = false; // the broker's history is drawn once, by the first refresh
 
   function gauge(m, field, used, limit) {
     const p = percent(used, limit);
@@ -102,8 +149,11 @@ export function overviewView(ctx) {
   async function load(alive) {
     let o;
     let top;
+    let history = null;
     try {
-      [o, top] = await Promise.all([get("overview"), get("queues?sort=-messages&page_size=10")]);
+      // The history only once: a broker that has none (or an older one) leaves the chart to the refreshes.
+      [o, top, history] = await Promise.all([get("overview"), get("queues?sort=-messages&page_size=10"),
+        seeded ? null : get("overview/history").catch(() => null)]);
     } catch (e) {
       if (alive()) showError(e, "overview");
       throw e;
@@ -113,15 +163,22 @@ export function overviewView(ctx) {
     set("broker", `broker ${o.broker} · ${o.version} · up ${age(o.uptime_seconds * 1000)}`);
     set("connections", int(o.connections.total));
     const families = Object.entries(o.connections.by_protocol).sort();
-    protocols.replaceChildren(...(families.length ? families.map(([p, c]) => h("span", { class: "proto", dataset: { protocol: p } }, `${p} `, h("b", {}, int(c)))) : [h("span", { class: "muted" }, "none")]));
+    protocols.replaceChildren(...(families.length ? families.map(([p, c]) => h("span", { class: "proto", dataset: { protocol: p } }, `${FAMILIES[p] || p} `, h("b", {}, int(c)))) : [h("span", { class: "muted" }, "none")]));
     let inRate = null;
     let outRate = null;
+    if (!seeded) {
+      seeded = true;
+      for (const s of history ? history.samples : []) {
+        if (s.in_per_second === null || s.out_per_second === null) continue;
+        rates.add(s.time_ms, s.in_per_second, s.out_per_second);
+        [inRate, outRate] = [s.in_per_second, s.out_per_second]; // the figures show the latest until a refresh has its own
+      }
+    }
     if (previous && o.now_ms > previous.now_ms && o.messages.received >= previous.messages.received) {
       const seconds = (o.now_ms - previous.now_ms) / 1000;
       inRate = (o.messages.received - previous.messages.received) / seconds;
       outRate = Math.max(0, o.messages.sent - previous.messages.sent) / seconds;
-      const top = rates.add(inRate, outRate);
-      peak.textContent = `(top of the chart: ${rate(top)}/s)`;
+      rates.add(o.now_ms, inRate, outRate);
     }
     previous = o;
     set("in-rate", rate(inRate));
