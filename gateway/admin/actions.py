@@ -306,7 +306,7 @@ class QueueActions:
                 "destination": full, "messages": [_taken(item) for item in taken], "depth": len(queue),
             })
 
-        return _walked(lambda finished: DeliveryOrderWalk(self.broker, queue, chosen, finished, act=act, check=check).start()).addCallback(answer)
+        return _walked(lambda finished: operations.DeliveryOrderWalk(self.broker, queue, chosen, finished, act=act, check=check).start()).addCallback(answer)
 
     # -- purge and delete ------------------------------------------------------------------
 
@@ -401,59 +401,6 @@ class QueueActions:
             })
 
         return _walked(lambda finished: operations.replay(self.broker, queue, chosen, allowed, finished)).addCallback(answer)
-
-
-class DeliveryOrderWalk(operations.Walk):
-    """A walk that takes messages in the order a consumer is served them, for ``get``.
-
-    ``Walk`` goes in sequence (arrival) order, which is right for purge, move
-    and replay (they take all, or a selection, and the order is not seen) but
-    made ``gateway consume`` hand out a priority-0 message before the
-    priority-9 one a STOMP consumer gets first.  A consumer is served from
-    memory, highest priority first and arrival order within one
-    (core/queue.py ``Pending``); messages paged out to the store come after,
-    in arrival order, as they are paged back in ("priority order holds within
-    what is in memory", core/policy.py).  So this walk first takes the
-    entries in memory when it starts, in the order ``Pending`` yields them,
-    then carries on as a plain walk from the start of the queue, which finds
-    the paged ones (and any a consumer gave back meanwhile).  Entries of the
-    first part that were left (a selector's non-matches, expired ones) are
-    looked at again by the second: wasted reads, not wrong answers, since
-    they are refused again.
-    """
-
-    def start(self) -> None:
-        self.bound = self.broker.next_seq()
-        self.head = [entry.seq for entry in self.queue.pending if entry.seq < self.bound]
-        self.head_index = 0
-        self._step()
-
-    def _chunk(self) -> bool:
-        if self.head_index >= len(self.head):
-            return super()._chunk()
-        queue = self.queue
-        if queue.storage is not None and self.broker.queues.get(queue.name) is not queue:
-            return False  # the queue was deleted meanwhile
-        self.chunks += 1
-        operations._flush(queue)  # this chunk's removals start an empty batch, as Walk's do
-        waiting = {entry.seq: entry for entry in queue.pending}  # a consumer may have taken some since the last chunk
-        taken: list[tuple[Entry, int]] = []
-        examined = 0
-        limit = self.selection.limit
-        while self.head_index < len(self.head) and examined < operations.SCAN and len(taken) < self.size:
-            entry = waiting.get(self.head[self.head_index])
-            self.head_index += 1
-            if entry is None:
-                continue
-            examined += 1
-            if self.selection.wants(entry.message):
-                taken.append((entry, operations.MEMORY))
-                self.matched += 1
-                if limit is not None and self.matched >= limit:
-                    self._apply(taken)
-                    return False
-        self._apply(taken)
-        return True
 
 
 def _taken(item: Browsed) -> dict[str, Any]:
