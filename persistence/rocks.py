@@ -192,13 +192,12 @@ class RocksStore(Store):
         self._log: list[Op] = []
         self._kept: deque[tuple[int, list[Op], int]] = deque()  # (write number, operations, bytes)
         self._kept_bytes = 0  # of the batches written and kept for a sync: one starts past KEEP_SYNC_BYTES
-        self._batch_start = 0  # bytes_written when the pending batch began
         self._fault: StoreFault | None = None
         # Told when a fault begins (the fault) and when the store is healthy again (None).
         self.on_fault: Callable[[StoreFault | None], None] | None = None
         self._nosync = WriteOptions()
         self._nosync.sync = False
-        # Bytes of keys and values written; once past check_after, on_large_write is told
+        # Bytes of the batches written (RocksDB's count); once past check_after, on_large_write is told
         # after the batch (the disk's free space is checked there, not only on a timer).
         self.bytes_written = 0
         self.check_after = 0
@@ -259,7 +258,6 @@ class RocksStore(Store):
         self._check()
         self._batch.put(key, value, handle)
         self._log.append((handle, key, value))
-        self.bytes_written += len(key) + len(value)
         self._grew()
 
     def _delete(self, handle: ColumnFamily | None, key: bytes, counted: bool = True) -> None:
@@ -386,7 +384,8 @@ class RocksStore(Store):
             batch, self._batch = self._batch, WriteBatch(raw_mode=True)
             log, self._log = self._log, []
             ops, self._ops = self._ops, 0
-            size, self._batch_start = self.bytes_written - self._batch_start, self.bytes_written
+            size = batch.size_in_bytes()  # once a batch, not per operation: rocksdict consumes it on write
+            self.bytes_written += size
             self._written += 1
             if self._fault is None:
                 started = time.perf_counter()
