@@ -8,10 +8,14 @@ quarter of the room left above it has been written, so a burst cannot run
 from above the floor to a full disk between two timer checks.
 
 A fault (a write that failed) is retried on the same timer; RocksDB takes
-writes again a few seconds after space returns.  A fault that is not a lack
-of space, or one that outlasts ``fault_exit_after`` seconds with room on the
-disk, is beyond what the process can mend: ``on_fatal`` is told (the CLI
-exits non-zero; a restart recovers from the write-ahead log).
+writes again a few seconds after space returns.  When it does not (a sync of
+its log that failed too leaves its log writer broken for good), the store is
+opened again once the disk has had room for ``REOPEN_AFTER`` seconds, which
+recovers it from its log as a restart would.  A fault that is not a lack of
+space, a store that cannot be opened again, or one that outlasts
+``fault_exit_after`` seconds with room on the disk, is beyond what the
+process can mend: ``on_fatal`` is told (the CLI exits non-zero; a restart
+recovers from the write-ahead log).
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ log = Logger(namespace="gateway.store")
 
 # Seconds between compactions that give deleted space back while the disk is below its floor.
 RECLAIM_EVERY = 5.0
+# Seconds with room on the disk after which a store RocksDB has not resumed is opened again
+# (its SstFileManager looks for space every 5 s), and between such attempts.
+REOPEN_AFTER = 12.0
 
 DISK_LOW = "Disk space low"
 STORE_FAILED = "Store write failed"
@@ -53,6 +60,7 @@ class StoreWatch:
         # Since when the disk has had room above the floor during a fault (monotonic; None: not yet).
         self._room_since: float | None = None
         self._reclaimed = 0.0  # monotonic time of the last compaction under the alarm
+        self._reopened = 0.0  # and of the last reopen of a store that RocksDB would not resume
         for each in self.stores:
             each.on_fault = self._fault_changed
             each.on_large_write = self.check
@@ -133,9 +141,20 @@ class StoreWatch:
                 now = time.monotonic()
                 if self._room_since is None:
                     self._room_since = now
-                elif now - self._room_since >= self.settings.fault_exit_after:
+                    continue
+                waited = now - self._room_since
+                if waited >= REOPEN_AFTER and now - self._reopened >= REOPEN_AFTER:
+                    # RocksDB has had room for two of its own recovery polls and still refuses:
+                    # its log writer is broken for good.  Open it again, as a restart would.
+                    self._reopened = now
+                    if each.reopen():
+                        continue
+                    if each.closed:
+                        self._fail(f"the store at {each.path} could not be opened again after a full disk")
+                        return
+                if waited >= self.settings.fault_exit_after:
                     self._fail(
-                        f"the store at {each.path} still cannot write {now - self._room_since:.0f}s after the disk "
+                        f"the store at {each.path} still cannot write {waited:.0f}s after the disk "
                         f"had room again ({human(free)} free): {fault.last_error or fault.error}"
                     )
                     return

@@ -157,18 +157,7 @@ class RocksStore(Store):
         self.max_batch = max_batch
         self._background = background if sync else None
         os.makedirs(path, exist_ok=True)
-        existing = set(Rdict.list_cf(path, _options())) if os.path.exists(os.path.join(path, "CURRENT")) else set()
-        wanted = {_META, _DEFAULT} | {f"group.{g.name}" for g in self.groups} | existing
-        families = {name: _options() for name in wanted if name != _DEFAULT}
-        try:
-            self.db = Rdict(path, _options(), column_families=families, access_type=AccessType.read_write())
-        except Exception as exc:  # rocksdict raises a plain Exception
-            if "LOCK" in str(exc) or "lock hold" in str(exc):
-                raise StoreLocked(f"{path} is locked by another broker") from None
-            raise StoreError(f"cannot open {path}: {exc}") from None
-        self._families = {name: self.db.get_column_family_handle(name) for name in wanted}
-        self._meta_handle: ColumnFamily | None = self._families[_META]
-        self._meta = self.db.get_column_family(_META)
+        self._open()
         self._dest_family: dict[str, str] = {}
         bound = self._bounded(_DEST_INDEX)
         for key, value in _raw_items(self._meta, _DEST_INDEX, bound):
@@ -212,6 +201,21 @@ class RocksStore(Store):
         self.batch_ops = Buckets(BATCH_OPS_BOUNDS)
         self.write_seconds = Buckets(WRITE_SECONDS_BOUNDS)
         self.deletes_since_compaction = 0
+
+    def _open(self) -> None:
+        path = self.path
+        existing = set(Rdict.list_cf(path, _options())) if os.path.exists(os.path.join(path, "CURRENT")) else set()
+        wanted = {_META, _DEFAULT} | {f"group.{g.name}" for g in self.groups} | existing
+        families = {name: _options() for name in wanted if name != _DEFAULT}
+        try:
+            self.db = Rdict(path, _options(), column_families=families, access_type=AccessType.read_write())
+        except Exception as exc:  # rocksdict raises a plain Exception
+            if "LOCK" in str(exc) or "lock hold" in str(exc):
+                raise StoreLocked(f"{path} is locked by another broker") from None
+            raise StoreError(f"cannot open {path}: {exc}") from None
+        self._families = {name: self.db.get_column_family_handle(name) for name in wanted}
+        self._meta_handle: ColumnFamily | None = self._families[_META]
+        self._meta = self.db.get_column_family(_META)
 
     # -- keys and families --------------------------------------------------
 
@@ -480,6 +484,57 @@ class RocksStore(Store):
     def fault(self) -> StoreFault | None:
         return self._fault
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def reopen(self) -> bool:
+        """Close the database and open it again, then write what was kept: True once healthy.
+
+        RocksDB's own recovery (``recover``) sometimes gives up: a sync of the
+        log that failed after a write had failed leaves its log writer broken
+        for good ("Writer has previous error"; "DB resume requested but failed
+        due to Fatal/Unrecoverable error" in its LOG).  Opening the database
+        again recovers it from its log, as a restart would, without one.  The
+        kept batches name their families by handle, which a reopen replaces:
+        they are carried over by family name.  False when the database cannot
+        be opened again (the caller then stops the broker); on success the
+        fault is over, as with ``recover``.
+        """
+        fault = self._fault
+        if fault is None:
+            return True
+        if self._closed or self._syncing or not fault.space:
+            return False
+        names = {id(handle): name for name, handle in self._families.items()}
+
+        def by_name(ops: list[Op]) -> list[tuple[str, bytes, bytes | None]]:
+            return [(names[id(handle)], key, value) for handle, key, value in ops]
+
+        kept = [(number, by_name(ops), size) for number, ops, size in self._kept]
+        pending = by_name(self._log)
+        with self._sync_lock:
+            self._close_database()
+            try:
+                self._open()
+            except StoreError as exc:
+                log.critical("store {path} could not be opened again: {error}", path=self.path, error=str(exc))
+                self._closed = True
+                return False
+
+        def by_handle(ops: list[tuple[str, bytes, bytes | None]]) -> list[Op]:
+            return [(self._families[name], key, value) for name, key, value in ops]
+
+        self._kept = deque((number, by_handle(ops), size) for number, ops, size in kept)
+        self._log = by_handle(pending)
+        for handle, key, value in self._log:
+            if value is None:
+                self._batch.delete(key, handle)
+            else:
+                self._batch.put(key, value, handle)
+        log.info("store {path} opened again after its log writer failed for good", path=self.path)
+        return self.recover()
+
     def describe_fault(self) -> str:
         fault = self._fault
         if fault is None:
@@ -654,12 +709,19 @@ class RocksStore(Store):
             if self._background is not None and self._fault is None:
                 self.db.flush_wal(True)  # writes no callback waited for, too
             self._closed = True
-        # The LOCK is only released once no column-family handle is alive (kept operations hold some).
+        self._close_database()
+
+    def _close_database(self) -> None:
+        """Close RocksDB and drop every handle into it, kept operations' included.
+
+        The LOCK is only released once no column-family handle is alive, and
+        RocksDB refuses to open a database twice in one process (``reopen``).
+        """
         self._kept.clear()
         self._log = []
         self._batch = WriteBatch(raw_mode=True)
         self._families.clear()
-        # Dropped, not set to None: every method checks _closed before it would use them.
+        # Dropped, not set to None: every method checks _closed (or the fault) before it would use them.
         self._meta_handle = None
         del self._meta
         try:

@@ -237,6 +237,34 @@ def test_after_a_sync_failed_for_space_recover_writes_everything_again_in_order(
     reopened.close()
 
 
+def test_reopen_carries_kept_and_pending_writes_over_and_confirms_them_in_order(path):
+    """When RocksDB will not resume (its log writer broken for good), the store is opened
+    again: what was kept and what is pending survive the new handles, in order."""
+    store, worker, answered = one_batch_awaiting_its_sync(path)
+    store.put_record("durable", "sub", b"definition")
+    store.when_durable(lambda: answered.append("record"))
+    store._scheduled_flush()
+    worker.finish(OSError(errno.ENOSPC, "No space left on device"))  # the sync of message 1 fails
+    store.delete_message("queue://q", 1)
+    store.put_message("queue://q", 2, b"b")
+    store.when_durable(lambda: answered.append(2))
+    store._scheduled_flush()  # kept, not written
+    store.put_message("queue://q", 3, b"c")  # pending: not even flushed when the store reopens
+    assert store.fault is not None and answered == []
+    assert store.reopen() is True
+    assert store.fault is None and answered == [1, "record", 2]
+    store.when_durable(lambda: answered.append(3))
+    store.flush()
+    assert answered == [1, "record", 2, 3]
+    assert [(seq, data) for seq, data in store.iter_messages("queue://q")] == [(2, b"b"), (3, b"c")]
+    assert store.get_record("durable", "sub") == b"definition"
+    store.close()
+    gc.collect()
+    reopened = RocksStore(path)
+    assert [seq for seq, _ in reopened.iter_messages("queue://q")] == [2, 3]
+    reopened.close()
+
+
 def test_writes_nobody_waits_for_are_synced_once_their_kept_copies_pass_a_bound(path):
     # A batch's operations are kept until a sync covers them (a failed sync writes them
     # again); without receipts no sync would come, and a flood would be kept whole.
@@ -360,3 +388,42 @@ def test_compaction_gives_deleted_space_back(path):
     store.compact()
     assert store.usage_bytes() < full / 10
     store.close()
+
+
+def test_a_log_writer_broken_for_good_is_mended_by_opening_the_store_again(tmp_path):
+    """A sync that was under way when a write failed for want of space leaves RocksDB's log
+    writer broken ("Writer has previous error"): RocksDB then never resumes by itself (1 run
+    in 3 to 10 of the full-disk system test, compiled).  reopen() recovers it from its log."""
+    with small_filesystem(tmp_path / "disk", "24m") as disk:
+        path = os.path.join(disk, "store")
+        turns: list = []
+
+        def at_once(work, done):
+            try:
+                work()
+            except Exception as exc:
+                done(exc)
+            else:
+                done(None)
+
+        store = RocksStore(path, schedule=turns.append, background=at_once)
+        confirmed: list[int] = []
+        body = os.urandom(4000)
+        seq = 0
+        while store.fault is None:
+            store.put_message("queue://q", seq, body)
+            store.when_durable(lambda seq=seq: confirmed.append(seq))
+            while turns:
+                turns.pop(0)()
+            seq += 1
+        with pytest.raises(Exception, match="Writer has previous error"):
+            store.db.flush_wal(True)  # the sync that was under way on its worker thread
+        resize_filesystem(disk, "200m")
+        assert store.recover() is False  # RocksDB refuses, and will go on refusing
+        assert store.reopen() is True
+        assert confirmed == list(range(seq))  # the write that failed was kept and is now on disk too
+        store.close()
+        gc.collect()
+        reopened = RocksStore(path)
+        assert [s for s, data in reopened.iter_messages("queue://q") if data == body] == list(range(seq))
+        reopened.close()
