@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, overload
 from twisted.logger import Logger
 
 from core import destination as dest
-from core.duplicates import DUPLICATE_ID_HEADER, DuplicateCache
+from core.duplicates import BROKER_PATH_HEADER, DUPLICATE_ID_HEADER, DuplicateCache
 from core.entry import Entry
 from core.errors import BrokerError, SubscriptionError, UnknownDestination, UserLimit
 from core.history import TrafficHistory
@@ -93,6 +93,9 @@ class Broker:
         self.clock = clock
         self.policy = policy or Policy()
         self.name = name
+        # Its name on the paths of forwarded messages (the gateway sets it: gateway.bridges.node_name).
+        self.node_name = name
+        self.loops_dropped = 0
         self.queues: dict[str, MessageQueue] = {}
         self.topics = TopicSpace(self.policy.retroactive_count, self.policy.retroactive_memory)
         # Consumer queues of virtual topics, by the topic they copy; route() tests a
@@ -461,10 +464,17 @@ class Broker:
             queue = self.queues.get(destination)
             if queue is None:
                 raise UnknownDestination(f"temporary queue {destination} does not exist (its owner has gone)")
-        dup_id = message.headers.get(DUPLICATE_ID_HEADER)
-        if dup_id is not None and self.duplicates.seen(destination, dup_id):
-            log.debug("duplicate {dup} on {d} dropped", dup=dup_id, d=destination)
-            return
+        headers = message.headers
+        dup_id = headers.get(DUPLICATE_ID_HEADER)
+        if dup_id is not None:
+            if self.duplicates.seen(destination, dup_id):
+                log.debug("duplicate {dup} on {d} dropped", dup=dup_id, d=destination)
+                return
+            path = headers.get(BROKER_PATH_HEADER)
+            if path is not None and self.node_name in path.split(","):
+                # Forwarded here before: a loop of bridges brought it back.
+                self.loops_dropped += 1
+                return
         if self.streams.active:
             self.streams.append(message)
         if destination.startswith("topic://"):

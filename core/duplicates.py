@@ -19,6 +19,9 @@ from collections import OrderedDict
 from persistence.store import Store
 
 DUPLICATE_ID_HEADER = "_AMQ_DUPL_ID"
+# The brokers a forwarded message has crossed, comma-separated (ActiveMQ's BrokerPath): a broker
+# drops a message that names it, so no loop of bridges or network links carries one round twice.
+BROKER_PATH_HEADER = "gateway-path"
 DUPLICATE_KIND = "dupl"  # key: arrival number (20 digits) -> digest
 
 

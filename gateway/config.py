@@ -19,6 +19,7 @@ from core.stream_config import StreamSpec
 from gateway.auth.settings import AuthSettings, parse_auth
 from gateway.tls import CLIENT_CERT_MODES
 from persistence.disk import parse_floor
+from protocols.bridge.settings import BridgeSettings, BridgeTopic, validate_bridge
 from protocols.mqtt.names import filter_to_canonical
 from protocols.mqtt.state import MqttSettings
 from protocols.stomp.codec import StompLimits
@@ -145,6 +146,8 @@ class Config:
     # for partial_frame_timeout seconds while holding part of one is dropped.
     partial_frame_memory: int = 64 * 1024 * 1024
     partial_frame_timeout: float = 60.0
+    # [[bridges]]: links to other brokers (protocols/bridge/settings.py).
+    bridges: list[BridgeSettings] = field(default_factory=list)
 
     def tls_port(self, name: str) -> int:
         """The TLS port of listener ``name`` ("stomp", "mqtt", "ws", "admin"); 0 when it has none."""
@@ -214,8 +217,43 @@ _LISTENER_SECTIONS = {"mqtt": "mqtt", "websocket": "ws", "admin": "admin"}
 _LISTENER_KEYS = ("port", "host", "tls_port", "tls_client_certs")
 
 
+def _bridges(values: Any) -> list[BridgeSettings]:
+    if not isinstance(values, list):
+        raise ConfigError("bridges must be an array of tables: [[bridges]]")
+    bridges = []
+    for table in values:
+        table = dict(table)
+        topics = table.pop("topics", [])
+        if not isinstance(topics, list):
+            raise ConfigError("[[bridges]] topics must be an array of tables: [[bridges.topics]]")
+        for key in ("name", "url"):
+            if not isinstance(table.get(key), str):
+                raise ConfigError(f"[[bridges]] needs {key} = \"...\"")
+        bridge = BridgeSettings(table.pop("name"), table.pop("url"))
+        if "restart_timeout" in table:
+            timeout = table.pop("restart_timeout")
+            if isinstance(timeout, (int, float)):
+                timeout = [timeout, timeout]
+            if not (isinstance(timeout, list) and all(isinstance(t, (int, float)) for t in timeout)):
+                raise ConfigError(f"[[bridges]] {bridge.name!r}: restart_timeout must be seconds or [first, longest]")
+            bridge.restart_timeout = [float(t) for t in timeout]
+        _apply(bridge, table, f"bridges {bridge.name!r}")
+        for item in topics:
+            item = dict(item)
+            if not isinstance(item.get("pattern"), str):
+                raise ConfigError(f"[[bridges.topics]] of {bridge.name!r} needs pattern = \"...\"")
+            topic = BridgeTopic(item.pop("pattern"))
+            _apply(topic, item, f"bridges.topics of {bridge.name!r}")
+            bridge.topics.append(topic)
+        bridges.append(bridge)
+    return bridges
+
+
 def _from_toml(config: Config, data: dict[str, Any]) -> None:
     for section, values in data.items():
+        if section == "bridges":
+            config.bridges = _bridges(values)
+            continue
         if not isinstance(values, dict):
             raise ConfigError(f"top-level key {section!r} must be a [section]")
         if section == "broker":
@@ -274,6 +312,7 @@ def validate(config: Config) -> None:
         if not 0 <= listener.port <= 65535:
             raise ConfigError(f"{name} port must be 0-65535 (0 disables), got {listener.port}")
     _validate_tls(config)
+    _validate_bridges(config.bridges)
     limits: StompLimits = config.stomp_settings.limits
     for key in ("max_frame_size", "max_headers", "max_header_length", "max_command_length"):
         if getattr(limits, key) <= 0:
@@ -329,6 +368,18 @@ def validate(config: Config) -> None:
         raise ConfigError("[policy] dead_letter_queue must be a queue://NAME")
 
 
+def _validate_bridges(bridges: list[BridgeSettings]) -> None:
+    seen: set[str] = set()
+    for bridge in bridges:
+        try:
+            validate_bridge(bridge)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if bridge.name in seen:
+            raise ConfigError(f"[[bridges]] name {bridge.name!r} is used twice")
+        seen.add(bridge.name)
+
+
 def _validate_metrics(settings: AdminSettings) -> None:
     if settings.metrics_max_destinations < 0:
         raise ConfigError("[admin] metrics_max_destinations must be 0 (no per-queue series) or more")
@@ -377,6 +428,11 @@ def _resolve_paths(config: Config, data: dict[str, Any], base: str) -> None:
         config.data_dir = os.path.join(base, config.data_dir)
     _resolve_tls_paths(config.tls, base)
     config.auth.resolve(base)
+    for bridge in config.bridges:
+        for key in ("password_file", "ca", "cert", "key"):
+            value = getattr(bridge, key)
+            if value and not os.path.isabs(value):
+                setattr(bridge, key, os.path.join(base, value))
 
 
 def _resolve_tls_paths(tls: TlsConfig, base: str) -> None:

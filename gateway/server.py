@@ -19,6 +19,7 @@ from gateway.admin import admin_site, standby_site
 from gateway.admin.auth import BasicGuard
 from gateway.admin.http import AdminSite
 from gateway.auth.security import Security, check_exposure
+from gateway.bridges import Bridges, node_name
 from gateway.config import Config, ConfigError
 from gateway.lockholder import lock_holder
 from gateway.storewatch import StoreWatch
@@ -99,6 +100,7 @@ class Gateway:
         # Told when the store fails beyond repair (the CLI exits non-zero); by default the gateway stops.
         self.on_fatal: Callable[[str], None] = self._stop_on_fatal
         self.fatal_error: str | None = None
+        self.bridges: Bridges | None = None
 
     def _open_store(self) -> Store:
         if self._given_store is not None:
@@ -160,14 +162,16 @@ class Gateway:
             "mqtt": mqtt_factory(self.mqtt_hub, self.guard),
             "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings, self.guard),
         }
+        self.bridges = Bridges(self.broker, self.reactor, node_name(self.broker, config.name))
         self.admin = admin_site(
             self.broker, config.admin_settings.max_request_size, __version__, BasicGuard(
                 self.authenticator, self.access, self.security.audit if self.security else None,
                 self.security.passwords.authenticate_token if self.security and self.security.passwords else None,
             ),
             settings=config.admin_settings, logins=self.security.passwords if self.security else None,
+            bridges=self.bridges.status,
         )
-        self.sys = SysPublisher(self.broker, config.sys_interval, __version__)
+        self.sys = SysPublisher(self.broker, config.sys_interval, __version__, bridges=self.bridges.status)
         self._housekeeping: DelayedCall | None = None
         if isinstance(store, RocksStore):
             spill = self.spill if isinstance(self.spill, RocksStore) else None
@@ -250,6 +254,8 @@ class Gateway:
         broker.start()
         hub.recover()
         publisher.start()
+        if self.bridges is not None:
+            self.bridges.start(self.config.bridges)
         if self.storewatch is not None:
             self.storewatch.start()
         if self.config.persistence.compaction_interval > 0:
@@ -335,6 +341,8 @@ class Gateway:
                     log.error("configuration not reloaded, the previous one stays: {error}", error=str(exc))
                 else:
                     self.security.reload(fresh)
+                    if self.bridges is not None:
+                        self.bridges.reload(fresh.bridges)
         self.reload_tls()
 
     def reload_tls(self) -> bool:
@@ -444,6 +452,8 @@ class Gateway:
         for port in self.ports.values():
             yield port.stopListening()
         self.ports.clear()
+        if self.bridges is not None:
+            self.bridges.stop()  # first: their links close cleanly while the store still takes their acks
         for session in self.sessions():
             session.shutdown()
         deadline = self.reactor.seconds() + self.config.shutdown_timeout

@@ -5,6 +5,7 @@ from typing import Any
 
 from core.broker import Broker
 from gateway.admin.actions import QueueActions
+from gateway.admin.bridges import BridgesAPI, BridgeStatus
 from gateway.admin.connections import ConnectionsAPI
 from gateway.admin.console_site import ConsoleSite
 from gateway.admin.destinations import DestinationsAPI
@@ -23,7 +24,8 @@ __all__ = ["admin_site", "standby_site", "wants_html"]
 API = [
     "/api/v1/overview", "/api/v1/queues", "/api/v1/topics", "/api/v1/durable-subscriptions",
     "/api/v1/mqtt-sessions", "/api/v1/streams", "/api/v1/connections", "/api/v1/messages",
-    "/api/v1/health", "/api/v1/ready", "/metrics", "/api/v1/dlq/replay", "/api/v1/retained", "/console/",
+    "/api/v1/bridges", "/api/v1/health", "/api/v1/ready", "/metrics", "/api/v1/dlq/replay", "/api/v1/retained",
+    "/console/",
 ]
 
 
@@ -61,11 +63,12 @@ def wants_html(accept: str | None) -> bool:
 
 def admin_site(
     broker: Broker, max_request_size: int, version: str, guard: Guard | None = None, *,
-    settings: AdminSettings | None = None, logins: LoginCounts | None = None,
+    settings: AdminSettings | None = None, logins: LoginCounts | None = None, bridges: BridgeStatus | None = None,
 ) -> AdminSite:
     """``guard`` authenticates every request (gateway/admin/auth.py); None: no authentication, everything allowed.
 
     ``logins``: the authenticator's counts of refused logins, for /metrics (None: no users configured).
+    ``bridges``: the configured bridges' status, for the API and /metrics (None: no bridges).
     """
     settings = settings or AdminSettings(max_request_size=max_request_size)
     router = Router(guard)
@@ -73,6 +76,7 @@ def admin_site(
     PublishAPI(broker).install(router)
     DestinationsAPI(broker).install(router)
     ConnectionsAPI(broker).install(router)
+    BridgesAPI(bridges).install(router)
     OverviewAPI(broker, version).install(router)
     # Operators' actions (purge, move, DLQ replay...): each noted in the audit log when there is one.
     audit = getattr(getattr(guard, "audit", None), "write", None)
@@ -80,7 +84,7 @@ def admin_site(
     SessionActions(broker, audit).install(router)
     HealthAPI("master", broker_readiness(broker), lambda: broker.store_usage.alarm).install(router)
     MetricsAPI(BrokerCollector(
-        broker, version, settings.metrics_max_destinations, settings.metrics_destinations, logins,
+        broker, version, settings.metrics_max_destinations, settings.metrics_destinations, logins, bridges,
     )).install(router)
     ConsoleSite().install(router)  # the web console's files, at /console/
 

@@ -38,6 +38,7 @@ FILES: dict[str, str] = {
     "lists.js": "text/javascript; charset=utf-8",
     "overview.js": "text/javascript; charset=utf-8",
     "queue.js": "text/javascript; charset=utf-8",
+    "bridges.js": "text/javascript; charset=utf-8",
 }
 
 # The console runs only its own files: no inline script, nothing from elsewhere, not framed by another site.

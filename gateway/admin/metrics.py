@@ -33,6 +33,7 @@ from core.access import Permission
 from core.broker import Broker
 from core.queue import MessageQueue
 from core.trie import filter_matches
+from gateway.admin.bridges import BridgeStatus
 from gateway.admin.destinations import QUEUE_PREFIX, oldest_timestamp
 from gateway.admin.http import Router, require
 from persistence.rocks import RocksStore
@@ -64,13 +65,14 @@ def _histogram(name: str, documentation: str, buckets: Buckets) -> HistogramMetr
 class BrokerCollector(Collector):
     def __init__(
         self, broker: Broker, version: str, max_destinations: int = 1000, patterns: list[str] | None = None,
-        logins: LoginCounts | None = None,
+        logins: LoginCounts | None = None, bridges: BridgeStatus | None = None,
     ) -> None:
         self.broker = broker
         self.version = version
         self.max_destinations = max_destinations
         self.patterns = [tuple(p[len(QUEUE_PREFIX):].split(".")) for p in (patterns or [])]
         self.logins = logins
+        self.bridges = bridges
         # Which queues the patterns admit, by name: queues come and go, patterns do not.
         self._admitted: dict[str, bool] = {}
 
@@ -92,6 +94,7 @@ class BrokerCollector(Collector):
         yield from self._streams()
         yield from self._auth()
         yield from self._denied_deliveries()
+        yield from self._bridges()
 
     # -- connections and traffic ----------------------------------------------
 
@@ -305,6 +308,38 @@ class BrokerCollector(Collector):
             "gateway_deliveries_denied", "Deliveries skipped because the subscriber's rules deny the topic "
             "(wildcard subscriptions that a deny rule overlaps)", value=self.broker.deliveries_denied,
         )
+
+    # -- bridges --------------------------------------------------------------------------
+
+    def _bridges(self) -> Iterator[Metric]:
+        """Per bridge, label ``bridge`` (its configured name); nothing at all where none is configured."""
+        statuses = self.bridges() if self.bridges is not None else []
+        if not statuses:
+            return
+        labels = ["bridge"]
+        connected = GaugeMetricFamily("gateway_bridge_connected", "1 while the bridge's link to its remote is up", labels=labels)
+        queued = GaugeMetricFamily("gateway_bridge_queued_messages", "Messages waiting in the bridge's outbound queue",
+                                   labels=labels)
+        inflight = GaugeMetricFamily("gateway_bridge_inflight_messages", "Messages sent to the remote and not yet confirmed",
+                                     labels=labels)
+        messages = CounterMetricFamily("gateway_bridge_messages", "Messages the bridge moved: out, confirmed by the remote "
+                                       "(QoS 0: sent); in, stored here and acknowledged to the remote", labels=["bridge", "direction"])
+        refused = CounterMetricFamily("gateway_bridge_refused", "Outbound messages the remote refused (an error code, or over its maximum packet size)",
+                                      labels=labels)
+        connects = CounterMetricFamily("gateway_bridge_connects", "Times the bridge's link came up", labels=labels)
+        loops = CounterMetricFamily("gateway_bridge_loops_dropped", "Messages not forwarded either way because their path "
+                                    "names the broker they would go to", labels=labels)
+        for status in sorted(statuses, key=lambda s: s["name"]):
+            name = [status["name"]]
+            connected.add_metric(name, 1 if status["state"] == "connected" else 0)
+            queued.add_metric(name, status["out"]["queued"])
+            inflight.add_metric(name, status["out"]["inflight"])
+            messages.add_metric([status["name"], "out"], status["out"]["forwarded"])
+            messages.add_metric([status["name"], "in"], status["in"]["received"])
+            refused.add_metric(name, status["out"]["refused"])
+            connects.add_metric(name, status["connects"])
+            loops.add_metric(name, status["loops_dropped"])
+        yield from (connected, queued, inflight, messages, refused, connects, loops)
 
 
 class MetricsAPI:

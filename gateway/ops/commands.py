@@ -1,4 +1,4 @@
-"""``gateway stat | browse | purge | send | consume | dlq list/replay | connections``: the admin API for people and scripts.
+"""``gateway stat | browse | purge | send | consume | dlq list/replay | connections | bridges``: the admin API for people and scripts.
 
 Each command is one or a few admin API requests (``gateway/ops/client.py``)
 with the operator's credentials: ``--user`` (password from
@@ -21,7 +21,7 @@ from typing import Any
 from gateway.ops.client import DEFAULT_URL, AdminClient, OpsError, UsageError, authorization
 from gateway.ops.output import Progress, age, dump, table
 
-COMMANDS = ("stat", "browse", "purge", "send", "consume", "dlq", "connections")
+COMMANDS = ("stat", "browse", "purge", "send", "consume", "dlq", "connections", "bridges")
 REPLAY_CHUNK = 10_000  # dead letters per request, so the progress bar moves and no request is long
 # Headers the broker puts on a dead letter (core/broker.py ORIGINAL_DESTINATION, DEAD_LETTER_CAUSE),
 # spelled out: these commands import nothing of the broker, so they run where it is not installed.
@@ -88,6 +88,10 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     connections.add_argument("--close", metavar="ID", help="close this connection, telling the client --reason")
     connections.add_argument("--reason", default="closed by an administrator")
     _common(connections)
+
+    bridges = commands.add_parser("bridges", help="the bridges to other brokers: state since when, queued, forwarded, last error")
+    bridges.add_argument("name", nargs="?", metavar="NAME", help="only this bridge, with its patterns and counters")
+    _common(bridges)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -346,7 +350,53 @@ def _connections(client: AdminClient, args: argparse.Namespace) -> None:
     )
 
 
+def _since(bridge: dict[str, Any]) -> str:
+    return str(bridge["since_iso"])[:19].replace("T", " ")
+
+
+def _bridges(client: AdminClient, args: argparse.Namespace) -> None:
+    """All bridges as a table; one (``NAME``) as a list of its fields, so its patterns and rarer counters fit.
+
+    An unknown name is the broker's 404 (exit status 1), not an empty table.
+    """
+    if args.name:
+        bridge = client.call("GET", f"/api/v1/bridges/{_quote(args.name)}")
+        if args.json:
+            dump(bridge)
+            return
+        out, inn = bridge["out"], bridge["in"]
+        table([
+            ("name", bridge["name"]),
+            ("state", f"{bridge['state']} since {_since(bridge)} UTC"),
+            ("url", f"{bridge['url']} ({bridge['protocol']} {bridge['version']}, client id {bridge['client_id']})"),
+            ("remote broker", bridge["remote_broker"]),
+            ("last error", bridge["last_error"]),
+            ("connects", bridge["connects"]),
+            ("out patterns", out["patterns"]),
+            ("out queued", out["queued"]),
+            ("out in flight", out["inflight"]),
+            ("out forwarded", out["forwarded"]),
+            ("out refused", out["refused"]),
+            ("in patterns", inn["patterns"]),
+            ("in received", inn["received"]),
+            ("loops dropped", bridge["loops_dropped"]),
+        ], ("Field", "Value"))
+        return
+    found = client.call("GET", "/api/v1/bridges")["bridges"]
+    if args.json:
+        dump(found)
+        return
+    if not found:
+        print("no bridges configured")
+        return
+    table(
+        [(b["name"], b["state"], _since(b), b["url"], b["out"]["queued"], b["out"]["inflight"], b["out"]["forwarded"],
+          b["in"]["received"], b["last_error"]) for b in found],
+        ("Name", "State", "Since(UTC)", "Url", "Queued", "Inflight", "OutForwarded", "InReceived", "LastError"),
+    )
+
+
 _COMMANDS: dict[str, Any] = {
     "stat": _stat, "browse": _browse, "purge": _purge, "send": _send, "consume": _consume, "dlq": _dlq,
-    "connections": _connections,
+    "connections": _connections, "bridges": _bridges,
 }

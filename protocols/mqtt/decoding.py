@@ -78,6 +78,9 @@ def _decode_connect(buf: bytes | bytearray, p: int, end: int) -> Connect:
     if p >= end:
         raise _malformed("Protocol level missing")
     level = buf[p]
+    bridge = level == 0x84 or level == 0x83  # a bridge (Mosquitto's try_private): 3.x plus the bridge bit
+    if bridge:
+        level &= 0x7F
     if not (
         (level == 4 or level == 5) and raw_name == b"MQTT" or level == 3 and raw_name == b"MQIsdp"
     ):
@@ -88,7 +91,9 @@ def _decode_connect(buf: bytes | bytearray, p: int, end: int) -> Connect:
         exc.protocol_level = level
         raise exc
     try:
-        return _decode_connect_body(buf, p + 1, end, raw_name.decode("ascii"), level)
+        connect = _decode_connect_body(buf, p + 1, end, raw_name.decode("ascii"), level)
+        connect.bridge = bridge
+        return connect
     except MqttProtocolError as exc:
         exc.protocol_level = level
         raise

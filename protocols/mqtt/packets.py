@@ -181,6 +181,8 @@ class Connect:
     password: bytes | None = None
     will: Will | None = None
     properties: dict[str, Any] = field(default_factory=dict)
+    # The bridge bit of a 3.x protocol level (0x83, 0x84: Mosquitto's try_private); ``level`` is without it.
+    bridge: bool = False
 
     def __repr__(self) -> str:
         # The password is kept out of logs and tracebacks.

@@ -66,7 +66,10 @@ from protocols.mqtt.state import (
     _user_property_list,
     build_message,
     message_qos,
+    BROKER_PROPERTY,
     options_of,
+    forwarding_headers,
+    publish_properties,
 )
 from protocols.auth import Anonymous, Credentials, certificate_user
 from protocols.outbox import Outbox
@@ -146,7 +149,7 @@ class MqttSession:
         "problem_information",
         "peer_receive_maximum", "peer_max_packet", "peer_alias_max", "_timer", "_deadline", "_last_read", "closed",
         "normal_disconnect", "_inflight", "_send_quota", "_transport_paused", "_held", "_refusal", "close_reason",
-        "_reader",
+        "_reader", "bridge",
     )
 
     def __init__(self, hub: MqttHub, transport: Transport, remote: str = "") -> None:
@@ -172,6 +175,9 @@ class MqttSession:
         # Phase.CLOSED as a plain attribute: read for every packet and write, where a property costs a call.
         self.closed = False
         self.live: Connected | None = None
+        # A bridge from another broker (the 3.x bridge bit, or a gateway naming itself): what it
+        # publishes is not sent back to it (no local) and keeps its retain flag (retain as published).
+        self.bridge = False
         self.will: mq.Will | None = None
         self.keep_alive = 0
         self._last_read = self.broker.clock.seconds()
@@ -416,6 +422,11 @@ class MqttSession:
             keep_alive = server_keep_alive = limit
         self.keep_alive = keep_alive
 
+        peer_broker = None
+        for key, _ in props.get("user_properties", ()):
+            if key == BROKER_PROPERTY:
+                peer_broker = key
+        self.bridge = packet.bridge or peer_broker is not None
         ack_props: dict[str, Any] = {}
         if self.level == 5:
             ack_props = {
@@ -429,6 +440,8 @@ class MqttSession:
                 ack_props["server_keep_alive"] = server_keep_alive
             if props.get("request_response_information"):
                 ack_props["response_information"] = f"response/{client_id}"
+            if peer_broker is not None:
+                ack_props["user_properties"] = [(BROKER_PROPERTY, self.broker.node_name)]
         self._send(mq.Connack(present, 0, ack_props))
         log.info("[{label}] connected with MQTT level {mqtt_level}, session present: {p}", label=self.label, mqtt_level=self.level, p=present)
 
@@ -753,27 +766,10 @@ class MqttSession:
         return NO_OPTIONS
 
     def _properties(self, message: Message, options: tuple[SubscriptionOptions, ...]) -> dict[str, Any]:
-        props: dict[str, Any] = {}
-        every = message.headers.get(USER_PROPERTIES_HEADER)
-        users = _user_property_list(every) if every is not None else None
-        if users is None:
-            users = [(k, v) for k, v in message.headers.items() if not k.startswith(_INTERNAL_PREFIX)]
-        if users:
-            props["user_properties"] = users
-        if message.content_type is not None:
-            props["content_type"] = message.content_type
-        if message.reply_to is not None:
-            response = canonical_to_topic(message.reply_to)
-            if response:
-                props["response_topic"] = response
-        if message.correlation_id is not None:
-            props["correlation_data"] = message.correlation_id.encode("utf-8", "surrogateescape")
-        if message.headers.get(FORMAT_HEADER) == "1":
-            props["payload_format_indicator"] = 1
-        if message.expiration:
-            remaining = -(-(message.expiration - self.broker.now_ms()) // 1000)
-            # A STOMP producer may set expires further ahead than MQTT's u32 seconds.
-            props["message_expiry_interval"] = min(max(1, remaining), 0xFFFFFFFF)
+        props = publish_properties(self.broker, message)
+        if self.bridge:
+            # To another gateway's bridge: the id it drops repeats by and the path it stops loops by.
+            props["user_properties"] = [*props.get("user_properties", ()), *forwarding_headers(message, self.broker.node_name)]
         ids = [o.identifier for o in options if o.identifier]
         if ids:
             props["subscription_identifier"] = ids
@@ -982,8 +978,9 @@ class MqttSession:
         existed = mqtt_filter in client.filters
         if not existed and len(client.filters) >= self.settings.max_subscriptions:
             return ReasonCode.QUOTA_EXCEEDED if self.level == 5 else SUBACK_FAILURE
+        no_local = bool(request.no_local) or self.bridge
         options = SubscriptionOptions(
-            request.qos, bool(request.no_local), bool(request.retain_as_published), request.retain_handling, sub_id or None,
+            request.qos, no_local, bool(request.retain_as_published) or self.bridge, request.retain_handling, sub_id or None,
         )
         client.filters[mqtt_filter] = options
         checks = reading is Reading.FILTERED or live.filtered is not None
@@ -1004,7 +1001,7 @@ class MqttSession:
         broker = self.broker
         if client.durable:
             sub = broker.durable_subscription(
-                f"{self.hub.queue_key(client.client_id)}\x1f{mqtt_filter}", canonical, None, None, request.no_local,
+                f"{self.hub.queue_key(client.client_id)}\x1f{mqtt_filter}", canonical, None, None, no_local,
                 queue_key=self.hub.queue_key(client.client_id), options=options, user=client.user,
             )
         else:
@@ -1013,14 +1010,14 @@ class MqttSession:
                 old.options = options
                 sub = old
             else:
-                sub = broker.add_subscription(self._session_queue(live), canonical, no_local=request.no_local, options=options)
+                sub = broker.add_subscription(self._session_queue(live), canonical, no_local=no_local, options=options)
         sub.owner_id = client.client_id
         client.subs[mqtt_filter] = sub
         if checks:
             self._apply_checks(live)  # before the retained messages below are queued
         if request.retain_handling == 0 or (request.retain_handling == 1 and not existed):
             for message in broker.retained_for(canonical):
-                if request.no_local and message.origin == client.client_id:
+                if no_local and message.origin == client.client_id:
                     continue
                 retained.append(Entry(message, broker.next_seq(), via=RetainedVia(options)))
         return request.qos

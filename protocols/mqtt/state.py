@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.consumer import Consumer
+from core.duplicates import BROKER_PATH_HEADER, DUPLICATE_ID_HEADER
 from core.via import ViaMarker
 from core.errors import BrokerError
 from core.message import Message
@@ -27,7 +28,7 @@ from core.queue import MessageQueue
 from core.selector import Lookup
 from core.topic import Subscription
 from protocols.mqtt import codec as mq
-from protocols.mqtt.names import topic_to_canonical
+from protocols.mqtt.names import canonical_to_topic, topic_to_canonical
 
 if TYPE_CHECKING:
 
@@ -41,6 +42,9 @@ FORMAT_HEADER = "mqtt-payload-format"
 # Only when a name repeats: the full list in order, since headers hold one value per name.
 USER_PROPERTIES_HEADER = "mqtt-user-properties"
 _INTERNAL_PREFIX = "mqtt-"
+# A CONNECT and CONNACK user property: a gateway's bridge names its broker, and a gateway answers
+# with its own name, so each side knows which broker a message would go back to.
+BROKER_PROPERTY = "gateway-broker"
 _PUBACK = b"\x40\x02"  # a 3.x PUBACK before its packet id
 _MQTT3 = "mqtt3"  # Message.cache key of 3.x PUBLISH bytes
 
@@ -274,6 +278,43 @@ def build_message(broker: Broker, destination: str, payload: bytes, qos: int, re
         # Correlation data is bytes; surrogateescape keeps any bytes exact for MQTT peers.
         correlation_id=correlation.decode("utf-8", "surrogateescape") if correlation is not None else None,
     )
+
+
+def publish_properties(broker: Broker, message: Message) -> dict[str, Any]:
+    """The MQTT 5 PUBLISH properties a message carries (a subscriber's, or a bridge's to its remote)."""
+    props: dict[str, Any] = {}
+    every = message.headers.get(USER_PROPERTIES_HEADER)
+    users = _user_property_list(every) if every is not None else None
+    if users is None:
+        users = [(k, v) for k, v in message.headers.items() if not k.startswith(_INTERNAL_PREFIX)]
+    if users:
+        props["user_properties"] = users
+    if message.content_type is not None:
+        props["content_type"] = message.content_type
+    if message.reply_to is not None:
+        response = canonical_to_topic(message.reply_to)
+        if response:
+            props["response_topic"] = response
+    if message.correlation_id is not None:
+        props["correlation_data"] = message.correlation_id.encode("utf-8", "surrogateescape")
+    if message.headers.get(FORMAT_HEADER) == "1":
+        props["payload_format_indicator"] = 1
+    if message.expiration:
+        remaining = -(-(message.expiration - broker.now_ms()) // 1000)
+        # A STOMP producer may set expires further ahead than MQTT's u32 seconds.
+        props["message_expiry_interval"] = min(max(1, remaining), 0xFFFFFFFF)
+    return props
+
+
+def forwarding_headers(message: Message, node_name: str) -> list[tuple[str, str]]:
+    """What a message takes to another broker: its duplicate-detection id (the message id, stored
+    with it, so a resend after a restart carries the same one) and the path with this broker on it."""
+    extra = []
+    if DUPLICATE_ID_HEADER not in message.headers:
+        extra.append((DUPLICATE_ID_HEADER, message.id))
+    path = message.headers.get(BROKER_PATH_HEADER)
+    extra.append((BROKER_PATH_HEADER, f"{path},{node_name}" if path else node_name))
+    return extra
 
 
 def _user_property_list(text: str) -> list[tuple[str, str]] | None:

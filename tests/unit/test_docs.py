@@ -136,6 +136,7 @@ def expected_sections() -> dict[str, dict[str, Any]]:
     """Section -> key -> default, from the settings dataclasses the configuration is loaded into."""
     from core.stream_config import StreamSpec
     from gateway.config import Config
+    from protocols.bridge.settings import BridgeSettings, BridgeTopic
 
     config = Config()
 
@@ -144,7 +145,7 @@ def expected_sections() -> dict[str, dict[str, Any]]:
 
     broker = {
         name: value for name, value in fields(config).items()
-        if not dataclasses.is_dataclass(value) and name != "streams"
+        if not dataclasses.is_dataclass(value) and name not in ("streams", "bridges")
     }
     return {
         "broker": broker,
@@ -157,6 +158,9 @@ def expected_sections() -> dict[str, dict[str, Any]]:
         "persistence": fields(config.persistence),
         "policy": fields(config.policy),
         "streams.NAME": fields(StreamSpec("NAME"), ("name",)),
+        # Arrays of tables, with required keys (no default): documented as comments.
+        "bridges": fields(BridgeSettings("", ""), ("topics", "name", "url")),
+        "bridges.topics": fields(BridgeTopic(""), ("pattern",)),
     }
 
 
@@ -170,6 +174,8 @@ def test_configuration_reference_has_every_key_at_its_default() -> None:
         written: dict[str, Any] = tomllib.loads(text)
         for part in section.split("."):
             written = written.get(part, {})
+            if isinstance(written, list):  # [[bridges]]: the first table shows the defaults
+                written = written[0] if written else {}
         for key, value in written.items():
             if key not in defaults:
                 problems.append(f"[{section}] {key} is documented but is no setting")

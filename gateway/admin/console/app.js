@@ -1,6 +1,7 @@
 // The console's shell: hash routes (#/, #/queues, #/queues/NAME, #/connections, #/topics, #/durable,
-// #/mqtt), the nav, and one poller that refreshes the current page every 2 s while the tab is visible.
+// #/mqtt, #/bridges), the nav, and one poller that refreshes the current page every 2 s while the tab is visible.
 
+import { bridgesView } from "./bridges.js";
 import { durablesView, connectionsView, mqttView, queuesView, topicsView } from "./lists.js";
 import { overviewView } from "./overview.js";
 import { queueView } from "./queue.js";
@@ -14,6 +15,7 @@ const ROUTES = {
   topics: ["topics", topicsView],
   durable: ["durable", durablesView],
   mqtt: ["mqtt", mqttView],
+  bridges: ["bridges", bridgesView],
 };
 
 const main = document.getElementById("main");

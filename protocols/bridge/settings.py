@@ -1,0 +1,129 @@
+"""A bridge's configuration: ``[[bridges]]`` with its ``[[bridges.topics]]`` (Mosquitto's names where they exist)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+# URL scheme -> (protocol, TLS, default port).
+SCHEMES = {
+    "mqtt": ("mqtt", False, 1883),
+    "mqtts": ("mqtt", True, 8883),
+    "stomp": ("stomp", False, 61613),
+    "stomp+ssl": ("stomp", True, 61612),
+}
+DIRECTIONS = ("out", "in", "both")
+
+
+@dataclass
+class BridgeTopic:
+    # An MQTT filter for an mqtt:// bridge.  Mosquitto's semantics: the local name is
+    # local_prefix + what the pattern matches, the remote name remote_prefix + the same.
+    pattern: str
+    direction: str = "out"
+    qos: int = 1
+    local_prefix: str = ""
+    remote_prefix: str = ""
+
+    @property
+    def outward(self) -> bool:
+        return self.direction in ("out", "both")
+
+    @property
+    def inward(self) -> bool:
+        return self.direction in ("in", "both")
+
+
+@dataclass
+class BridgeSettings:
+    name: str
+    url: str
+    # MQTT protocol version at the remote: 4 (3.1.1) or 5.
+    version: int = 4
+    client_id: str = ""  # "": the broker's name + "-" + the bridge's name
+    # False: the remote keeps the bridge's subscriptions and what is in flight while it is away.
+    clean_session: bool = False
+    user: str | None = None
+    password: str | None = None
+    password_file: str = ""
+    # PEM files for mqtts:// and stomp+ssl://: the CA that signs the remote's certificate
+    # (empty: the system's), and the bridge's own certificate and key where the remote asks.
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+    # Seconds before reconnecting: the first wait and the longest (doubling between), as Mosquitto's.
+    restart_timeout: list[float] = field(default_factory=lambda: [1.0, 60.0])
+    keepalive: int = 60
+    # MQTT 3.1.1: mark the connection as a bridge (Mosquitto's try_private, protocol level
+    # 0x84) so the remote does not send back what the bridge published there.
+    try_private: bool = True
+    # Messages sent to the remote and not yet confirmed, at most.
+    max_inflight: int = 1000
+    topics: list[BridgeTopic] = field(default_factory=list)
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.url).scheme
+
+    @property
+    def protocol(self) -> str:
+        return SCHEMES[self.scheme][0]
+
+    @property
+    def tls(self) -> bool:
+        return SCHEMES[self.scheme][1]
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or SCHEMES[parts.scheme][2]
+
+
+def validate_bridge(bridge: BridgeSettings) -> None:
+    """Raise ValueError naming what is wrong with one bridge's settings."""
+    where = f"[[bridges]] {bridge.name!r}" if bridge.name else "[[bridges]]"
+    if not bridge.name or not all(c.isalnum() or c in "-_." for c in bridge.name):
+        raise ValueError(f"{where}: name must be letters, digits, '-', '_' or '.', got {bridge.name!r}")
+    try:
+        parts = urlsplit(bridge.url)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as exc:
+        raise ValueError(f"{where}: url {bridge.url!r}: {exc}") from None
+    if parts.scheme not in SCHEMES:
+        raise ValueError(f"{where}: url must start with one of {', '.join(s + '://' for s in SCHEMES)}, got {bridge.url!r}")
+    if not parts.hostname:
+        raise ValueError(f"{where}: url {bridge.url!r} names no host")
+    if SCHEMES[parts.scheme][0] == "stomp":
+        raise ValueError(f"{where}: stomp:// bridges are not available yet; use mqtt:// or mqtts://")
+    if bridge.version not in (4, 5):
+        raise ValueError(f"{where}: version must be 4 (MQTT 3.1.1) or 5, got {bridge.version!r}")
+    if bridge.password is not None and bridge.password_file:
+        raise ValueError(f"{where}: give password or password_file, not both")
+    if (bridge.password is not None or bridge.password_file) and bridge.user is None:
+        raise ValueError(f"{where}: a password needs a user")
+    if len(bridge.restart_timeout) != 2 or not 0 < bridge.restart_timeout[0] <= bridge.restart_timeout[1]:
+        raise ValueError(f"{where}: restart_timeout must be [first, longest] seconds with 0 < first <= longest")
+    if not 0 <= bridge.keepalive <= 65535:
+        raise ValueError(f"{where}: keepalive must be 0-65535 seconds")
+    if not 1 <= bridge.max_inflight <= 65535:
+        raise ValueError(f"{where}: max_inflight must be 1-65535")
+    if not bridge.topics:
+        raise ValueError(f"{where}: no [[bridges.topics]]: a bridge needs at least one pattern")
+    from protocols.mqtt.names import InvalidTopic, filter_to_canonical
+
+    for topic in bridge.topics:
+        if topic.direction not in DIRECTIONS:
+            raise ValueError(f"{where}: direction must be out, in or both, got {topic.direction!r}")
+        if topic.qos not in (0, 1, 2):
+            raise ValueError(f"{where}: qos must be 0, 1 or 2, got {topic.qos!r}")
+        for prefix in (topic.local_prefix, topic.remote_prefix):
+            if "+" in prefix or "#" in prefix:
+                raise ValueError(f"{where}: a prefix cannot hold a wildcard: {prefix!r}")
+        for side, prefix in (("local", topic.local_prefix), ("remote", topic.remote_prefix)):
+            try:
+                filter_to_canonical(prefix + topic.pattern)
+            except InvalidTopic as exc:
+                raise ValueError(f"{where}: pattern {side} filter {prefix + topic.pattern!r}: {exc}") from None

@@ -1,0 +1,96 @@
+"""``[[bridges]]`` as an operator writes it: what is accepted, and the exact error for what is not."""
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import ConfigError, load
+from protocols.bridge.bridge import OutRule
+from protocols.bridge.settings import BridgeTopic
+from protocols.mqtt import codec as mq
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "gateway.toml"
+    path.write_text(text)
+    return str(path)
+
+
+BRIDGE = '''
+[[bridges]]
+name = "cloud"
+url = "mqtts://broker.example:8884"
+version = 5
+user = "edge"
+password_file = "secret"
+ca = "ca.pem"
+restart_timeout = [2, 30]
+  [[bridges.topics]]
+  pattern = "sensors/#"
+  remote_prefix = "site1/"
+  [[bridges.topics]]
+  pattern = "cmd/+"
+  direction = "in"
+  qos = 2
+  local_prefix = "local/"
+'''
+
+
+def test_a_bridge_is_read_with_its_topics_defaults_and_paths_beside_the_file(tmp_path):
+    config = load(write(tmp_path, BRIDGE))
+    (bridge,) = config.bridges
+    assert (bridge.name, bridge.protocol, bridge.tls, bridge.host, bridge.port) == ("cloud", "mqtt", True, "broker.example", 8884)
+    assert bridge.version == 5 and bridge.user == "edge" and bridge.restart_timeout == [2.0, 30.0]
+    assert bridge.password_file == str(tmp_path / "secret") and bridge.ca == str(tmp_path / "ca.pem")
+    assert bridge.clean_session is False and bridge.client_id == "" and bridge.try_private is True
+    out, inward = bridge.topics
+    assert (out.direction, out.qos, out.local_prefix, out.remote_prefix) == ("out", 1, "", "site1/")
+    assert (inward.direction, inward.qos, inward.local_prefix) == ("in", 2, "local/")
+
+
+def test_default_ports_follow_the_scheme(tmp_path):
+    text = '[[bridges]]\nname = "a"\nurl = "mqtt://h"\n[[bridges.topics]]\npattern = "#"\n'
+    assert load(write(tmp_path, text)).bridges[0].port == 1883
+
+
+@pytest.mark.parametrize("text, error", [
+    ('[[bridges]]\nurl = "mqtt://h"\n', 'needs name'),
+    ('[[bridges]]\nname = "a"\nurl = "http://h"\n[[bridges.topics]]\npattern = "#"\n', "url must start with one of mqtt://"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://"\n[[bridges.topics]]\npattern = "#"\n', "names no host"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\n', "no [[bridges.topics]]"),
+    ('[[bridges]]\nname = "a b"\nurl = "mqtt://h"\n[[bridges.topics]]\npattern = "#"\n', "name must be letters"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\nversion = 3\n[[bridges.topics]]\npattern = "#"\n', "version must be 4"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\n[[bridges.topics]]\npattern = "#"\ndirection = "up"\n', "direction must be"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\n[[bridges.topics]]\npattern = "a/#/b"\n', "'#' must be the last level"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\n[[bridges.topics]]\npattern = "#"\nremote_prefix = "x/+/"\n', "cannot hold a wildcard"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\npassword = "p"\n[[bridges.topics]]\npattern = "#"\n', "a password needs a user"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\nrestart_timeout = [5, 1]\n[[bridges.topics]]\npattern = "#"\n', "restart_timeout"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\nport = 1\n[[bridges.topics]]\npattern = "#"\n', "unknown setting [bridges 'a'] port"),
+    ('[[bridges]]\nname = "a"\nurl = "stomp://h"\n[[bridges.topics]]\npattern = "/topic/a"\n', "stomp:// bridges are not available yet"),
+    ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\n[[bridges.topics]]\npattern = "#"\n'
+     '[[bridges]]\nname = "a"\nurl = "mqtt://g"\n[[bridges.topics]]\npattern = "#"\n', "used twice"),
+])
+def test_a_bad_bridge_is_refused_naming_what_is_wrong(tmp_path, text, error):
+    with pytest.raises(ConfigError) as raised:
+        load(write(tmp_path, text))
+    assert error in str(raised.value)
+
+
+def test_names_map_with_mosquittos_prefix_semantics():
+    rule = OutRule(BridgeTopic("sensors/#", "out", local_prefix="edge/", remote_prefix="site1/"))
+    assert rule.local_filter == "topic://edge.sensors.>"
+    assert rule.remote_topic("topic://edge.sensors.room1.temp") == "site1/sensors/room1/temp"
+    # A '.' inside an MQTT level survives the round trip.
+    assert rule.remote_topic("topic://edge.sensors.v1/2") == "site1/sensors/v1.2"
+
+
+def test_the_bridge_bit_of_a_3x_connect_is_read_as_mosquitto_sends_it():
+    for level, layout in ((0x84, 4), (0x83, 3)):
+        name = "MQTT" if layout == 4 else "MQIsdp"
+        data = mq.encode(mq.Connect(name, level, False, 60, "edge"), layout)
+        (packet,) = mq.MqttDecoder().feed(data)
+        assert isinstance(packet, mq.Connect)
+        assert (packet.level, packet.bridge) == (layout, True)
+    (plain,) = mq.MqttDecoder().feed(mq.encode(mq.Connect("MQTT", 4, False, 60, "c"), 4))
+    assert plain.bridge is False
+    with pytest.raises(mq.MqttProtocolError):
+        mq.MqttDecoder().feed(mq.encode(mq.Connect("MQTT", 0x85, False, 60, "c"), 5))
