@@ -50,6 +50,9 @@ def add_parser(commands: Any) -> None:
     perf.add_argument("--auth", action="store_true",
                       help="with --start-broker: the broker has users and rules (anonymous off, a user allowed "
                            "perf.> and denied one branch of it), and the generator logs in as that user")
+    perf.add_argument("--bridge", action="store_true",
+                      help="with --start-broker: start a second broker and bridge the first to it (MQTT 5, "
+                           "perf/# out), for bridge-qos1: publishers on the first, subscribers on the second")
     perf.add_argument("--count", type=int, help="messages (or connections) per scenario instead of its default")
     perf.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
     perf.add_argument("--subscribers", type=int, default=50, help="mqtt-fanout subscribers (default 50)")
@@ -69,13 +72,21 @@ def run(args: argparse.Namespace) -> int:
     if args.size < 8 and "latency" in names:
         print("gateway perf: latency needs --size of at least 8 (the send time rides in the payload)", file=sys.stderr)
         return 2
-    for flag in ("stream", "auth"):
+    if args.bridge and names == expand(["all"]):
+        names = ["bridge-qos1"]
+    if "bridge-qos1" in names and not args.bridge:
+        print("gateway perf: bridge-qos1 measures a bridged pair of brokers: add --start-broker --bridge", file=sys.stderr)
+        return 2
+    for flag in ("stream", "auth", "bridge"):
         if getattr(args, flag) and not args.start_broker:
             print(f"gateway perf: --{flag} configures the broker it starts; add --start-broker", file=sys.stderr)
             return 2
     options = Options(args.size, args.count, args.subscribers, args.inflight, args.rate, args.duration, args.connections)
-    broker = OwnBroker(stream=args.stream, auth=args.auth) if args.start_broker else None
+    remote = OwnBroker() if args.bridge else None
+    broker = None
     try:
+        if args.start_broker:
+            broker = OwnBroker(stream=args.stream, auth=args.auth, bridge_to=remote.mqtt_port if remote else None)
         if broker is not None:
             login, passcode = (OwnBroker.USER, broker.password) if args.auth else (args.login, args.passcode)
             target = Target(args.host, broker.stomp_port, broker.mqtt_port, login, passcode)
@@ -87,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
         label = args.label or (broker.label if broker else f"{args.host}")
         results: list[Result] = []
         failed = False
+        remote_target = Target(args.host, remote.stomp_port, remote.mqtt_port, None, None) if remote else None
         for name in names:
             try:
-                result = SCENARIOS[name](Scenario(target, options, pid))
+                result = SCENARIOS[name](Scenario(target, options, pid, remote_target, remote.pid if remote else None))
             except (PerfError, OSError) as exc:
                 print(f"gateway perf: {name} failed: {exc}", file=sys.stderr)
                 failed = True
@@ -101,8 +113,9 @@ def run(args: argparse.Namespace) -> int:
         print(table(results, label, pid), flush=True)
         return 1 if failed else 0
     finally:
-        if broker is not None:
-            broker.stop()
+        for own in (broker, remote):
+            if own is not None:
+                own.stop()
 
 
 def table(results: list[Result], label: str, pid: int | None) -> str:
@@ -174,22 +187,34 @@ destinations = ["topic://perf.denied.>"]
 """
 
 
+# What --bridge adds to the first broker: a bridge to the second, as a site to its centre.
+BRIDGE_CONFIG = """[[bridges]]
+name = "perf"
+url = "mqtt://127.0.0.1:{port}"
+version = 5
+[[bridges.topics]]
+pattern = "perf/#"
+direction = "out"
+"""
+
+
 class OwnBroker:
     """``gateway run`` on its defaults but free ports and a throw-away data directory."""
 
     USER = "perf"
 
-    def __init__(self, stream: bool = False, auth: bool = False) -> None:
+    def __init__(self, stream: bool = False, auth: bool = False, bridge_to: int | None = None) -> None:
         self.data = tempfile.mkdtemp(prefix="gateway-perf-")
         self.stomp_port, self.mqtt_port = _free_port(), _free_port()
         self.password = secrets.token_urlsafe(12)
-        flags = [f for f, on in (("--stream", stream), ("--auth", auth)) if on]
+        flags = [f for f, on in (("--stream", stream), ("--auth", auth), ("--bridge", bridge_to)) if on]
         self.label = f"gateway (--start-broker{''.join(' ' + f for f in flags)}; {compiled.describe().split(' (')[0]})"
         extra = []
-        if stream or auth:
+        if stream or auth or bridge_to:
             path = f"{self.data}/perf.toml"
             with open(path, "w") as f:
-                f.write((STREAM_CONFIG if stream else "") + (AUTH_CONFIG if auth else ""))
+                f.write((STREAM_CONFIG if stream else "") + (AUTH_CONFIG if auth else "")
+                        + (BRIDGE_CONFIG.format(port=bridge_to) if bridge_to else ""))
             extra = ["--config", path]
         if auth:
             lines, _ = set_user([], self.USER, str(PasswordHash.make(self.password.encode())))

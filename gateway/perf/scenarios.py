@@ -27,6 +27,7 @@ TARGETS = {
     "stomp-persistent": 25_000,
     "latency": 1.0,
     "connections": 3.0,  # second round (was 10 KiB in the first)
+    "bridge-qos1": 40_000,  # issue 26: store-and-forward to another gateway, duplicate detection on
 }
 
 # What a role process reports when it is done: its counts, times and CPU (see roles).
@@ -112,10 +113,14 @@ def _role_main(role: Callable[..., None], pipe: Any, go: Any, args: tuple[Any, .
 
 
 class Scenario:
-    def __init__(self, target: Target, options: Options, broker_pid: int | None) -> None:
+    def __init__(self, target: Target, options: Options, broker_pid: int | None,
+                 remote: Target | None = None, remote_pid: int | None = None) -> None:
         self.target = target
         self.options = options
         self.broker_pid = broker_pid
+        # bridge-qos1: the broker the target bridges to, where the subscriber is.
+        self.remote = remote
+        self.remote_pid = remote_pid
         self.tag = uuid.uuid4().hex[:8]
 
     def count(self, default: int) -> int:
@@ -238,6 +243,24 @@ class Scenario:
             None if cpu0 is None or cpu1 is None else cpu1 - cpu0, details,
         )
 
+    def bridge_qos1(self) -> Result:
+        """QoS 1 publishes to the bridging broker, received at QoS 1 on the broker it bridges to:
+        each message stored, sent over the link, stored and deduplicated there, confirmed, deleted."""
+        if self.remote is None:
+            raise PerfError("bridge-qos1 needs a bridged pair: --start-broker --bridge")
+        n, t = self.count(50_000), f"perf/bridge/{self.tag}"
+        fleet = Fleet()
+        fleet.start(roles.mqtt_qos1_subscriber, self.remote, t, n, self.options.size, f"perf-sub-{self.tag}")
+        fleet.start(roles.mqtt_qos1_publisher, self.target, t, n, self.options.size, f"perf-pub-{self.tag}", self.options.inflight)
+        remote0 = procinfo.cpu_seconds(self.remote_pid) if self.remote_pid else None
+        result = self._measure("bridge-qos1", fleet, n, "msgs/s", lambda r, s: n / s, _acks)
+        remote1 = procinfo.cpu_seconds(self.remote_pid) if self.remote_pid else None
+        if remote0 is not None and remote1 is not None:
+            result.details["remote_broker_cpu_s"] = round(remote1 - remote0, 3)
+        if result.broker_cpu is not None:
+            result.details["bridging_broker_us_per_msg"] = round(result.broker_cpu / n * 1e6, 2)
+        return result
+
     # -- STOMP -----------------------------------------------------------------
 
     def stomp_queue(self) -> Result:
@@ -284,9 +307,10 @@ SCENARIOS: dict[str, Callable[[Scenario], Result]] = {
     "stomp-persistent": Scenario.stomp_persistent,
     "latency": Scenario.latency,
     "connections": Scenario.connections,
+    "bridge-qos1": Scenario.bridge_qos1,
 }
 GROUPS = {
-    "all": list(SCENARIOS),
+    "all": [name for name in SCENARIOS if name != "bridge-qos1"],  # that one needs a bridged pair (--bridge)
     "mqtt": ["mqtt-qos0", "mqtt-qos1", "mqtt-fanout", "latency", "connections"],
     "stomp": ["stomp-queue", "stomp-persistent"],
 }
