@@ -19,7 +19,9 @@ from twisted.logger import Logger
 
 from core.broker import Broker
 from protocols.bridge.bridge import QUEUE_PREFIX, Bridge
-from protocols.bridge.mqtt import MqttLinkFactory
+from protocols.bridge.link import LinkFactory
+from protocols.bridge.mqtt import MqttLink
+from protocols.bridge.stomp import StompLink
 from protocols.bridge.settings import BridgeSettings
 
 log = Logger(namespace="gateway.bridge")
@@ -88,8 +90,7 @@ class Bridges:
             return
         first, longest = settings.restart_timeout
         policy = backoffPolicy(initialDelay=first, maxDelay=longest, factor=2.0, jitter=lambda: random.random() * first)
-        factory = MqttLinkFactory(bridge, self.reactor, password)
-        factory.noisy = False  # "Starting factory" at every reconnect says nothing an operator needs
+        factory = LinkFactory(StompLink if settings.protocol == "stomp" else MqttLink, bridge, self.reactor, password)
         service = ClientService(endpoint, cast(Any, factory), retryPolicy=policy, clock=self.reactor)
         service.startService()
         self.running[settings.name] = RunningBridge(bridge, service)

@@ -45,22 +45,46 @@ def path_of(message: Message) -> list[str]:
     return text.split(",") if text else []
 
 
+def stomp_parts(pattern: str) -> tuple[str, str]:
+    """``/topic/a.b`` -> ("topic://", "a.b"); a STOMP bridge's patterns name topics or queues."""
+    for prefix, kind in (("/topic/", "topic://"), ("/queue/", "queue://")):
+        if pattern.startswith(prefix):
+            return kind, pattern[len(prefix):]
+    raise ValueError(f"a STOMP bridge's pattern starts with /topic/ or /queue/, got {pattern!r}")
+
+
 class OutRule:
-    """An outward pattern: which local topics it takes and the remote topic of each."""
+    """An outward pattern: which local destinations it takes and the remote name of each.
 
-    __slots__ = ("topic", "local_filter", "levels")
+    MQTT (``stomp`` False): names are MQTT topics, the prefixes prepended to them.
+    STOMP: ``/topic/NAME`` or ``/queue/NAME``, the prefixes prepended to NAME.
+    """
 
-    def __init__(self, topic: BridgeTopic) -> None:
+    __slots__ = ("topic", "stomp", "kind", "local_filter", "levels")
+
+    def __init__(self, topic: BridgeTopic, stomp: bool = False) -> None:
         self.topic = topic
-        self.local_filter = filter_to_canonical(topic.local_prefix + topic.pattern)
+        self.stomp = stomp
+        if stomp:
+            self.kind, name = stomp_parts(topic.pattern)
+            self.local_filter = self.kind + topic.local_prefix + name
+        else:
+            self.kind = "topic://"
+            self.local_filter = filter_to_canonical(topic.local_prefix + topic.pattern)
         self.levels = dest.topic_levels(dest.name_of(self.local_filter))
 
     def remote_topic(self, destination: str) -> str | None:
-        """The remote topic of a local one this rule matched, or None when MQTT cannot name it."""
+        """The remote name of a local destination this rule matched, or None when it cannot be named there."""
+        topic = self.topic
+        if self.stomp:
+            name = destination[len(self.kind):]
+            if not destination.startswith(self.kind) or not name.startswith(topic.local_prefix):
+                return None
+            return ("/topic/" if self.kind == "topic://" else "/queue/") + topic.remote_prefix + name[len(topic.local_prefix):]
         local = canonical_to_topic(destination)
-        if local is None or not local.startswith(self.topic.local_prefix):
+        if local is None or not local.startswith(topic.local_prefix):
             return None
-        return self.topic.remote_prefix + local[len(self.topic.local_prefix):]
+        return topic.remote_prefix + local[len(topic.local_prefix):]
 
 
 class Bridge:
@@ -72,7 +96,8 @@ class Bridge:
         self.name = settings.name
         self.broker_name = broker_name
         self.client_id = settings.client_id or f"{broker_name}-{settings.name}"
-        self.out_rules = [OutRule(t) for t in settings.topics if t.outward]
+        self.stomp = settings.protocol == "stomp"
+        self.out_rules = [OutRule(t, self.stomp) for t in settings.topics if t.outward]
         self.in_rules = [t for t in settings.topics if t.inward]
         self.queue_name = queue_name(settings.name)
         self.subscriptions: list[Subscription] = []
@@ -97,11 +122,12 @@ class Bridge:
 
     def _subscribe_out(self) -> None:
         """The outbound queue, and the subscriptions that feed it (made again at each start, from the configuration)."""
-        if not self.out_rules:
+        topics = [rule for rule in self.out_rules if rule.kind == "topic://"]
+        if not topics:
             return
         broker = self.broker
         queue = self.queue = broker.queue(self.queue_name)
-        for rule in self.out_rules:
+        for rule in topics:
             # No local: what came in over this bridge is not sent back over it.
             self.subscriptions.append(broker.add_subscription(
                 queue, rule.local_filter, no_local=True, owner_id=self.connection.identity,
@@ -113,10 +139,11 @@ class Bridge:
         if destination in routes:
             return routes[destination]
         found = None
-        levels = dest.topic_levels(dest.name_of(destination)) if destination.startswith("topic://") else None
-        if levels is not None:
+        kind = "topic://" if destination.startswith("topic://") else "queue://" if destination.startswith("queue://") else None
+        if kind is not None:
+            levels = dest.topic_levels(dest.name_of(destination))
             for rule in self.out_rules:
-                if filter_matches(rule.levels, levels):
+                if rule.kind == kind and filter_matches(rule.levels, levels):
                     remote = rule.remote_topic(destination)
                     if remote is not None:
                         found = (rule.topic, remote)
@@ -126,11 +153,13 @@ class Bridge:
         routes[destination] = found
         return found
 
-    def consume(self, sink: Sink, window: int) -> Consumer | None:
-        """The link's consumer of the outbound queue (None when nothing goes out)."""
-        if self.queue is None:
-            return None
-        return self.connection.consume(self.queue, sink, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=window)
+    def out_queues(self) -> list[MessageQueue]:
+        """What a link consumes: the outbound queue, and the local queues a STOMP bridge moves to the remote."""
+        queues = [self.queue] if self.queue is not None else []
+        return queues + [self.broker.queue(rule.local_filter) for rule in self.out_rules if rule.kind == "queue://"]
+
+    def consume_queue(self, queue: MessageQueue, sink: Sink, window: int) -> Consumer:
+        return self.connection.consume(queue, sink, ack_mode=AckMode.CLIENT_INDIVIDUAL, prefetch=window)
 
     def stop_consuming(self, consumer: Consumer | None) -> None:
         """The link is gone: what it had not got confirmed goes back to the head of the queue."""
@@ -145,11 +174,23 @@ class Bridge:
 
     # -- inbound ----------------------------------------------------------------
 
-    def local_destination(self, remote_topic: str) -> str | None:
-        """The local topic of a message the remote sent on ``remote_topic`` (None: no inward rule gives one)."""
+    def remote_name_of(self, topic: BridgeTopic) -> str:
+        """What an inward pattern subscribes to at the remote."""
+        if self.stomp:
+            kind, name = stomp_parts(topic.pattern)
+            return ("/topic/" if kind == "topic://" else "/queue/") + topic.remote_prefix + name
+        return topic.remote_prefix + topic.pattern
+
+    def local_destination(self, remote: str) -> str | None:
+        """The local destination of a message the remote sent to ``remote`` (None: no inward rule gives one)."""
         for topic in self.in_rules:
-            if remote_topic.startswith(topic.remote_prefix):
-                local = topic.local_prefix + remote_topic[len(topic.remote_prefix):]
+            if self.stomp:
+                kind, _ = stomp_parts(topic.pattern)
+                prefix = ("/topic/" if kind == "topic://" else "/queue/") + topic.remote_prefix
+                if remote.startswith(prefix):
+                    return kind + topic.local_prefix + remote[len(prefix):]
+            elif remote.startswith(topic.remote_prefix):
+                local = topic.local_prefix + remote[len(topic.remote_prefix):]
                 try:
                     return topic_to_canonical(local)
                 except ValueError:

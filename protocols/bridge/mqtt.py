@@ -11,60 +11,45 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet import interfaces, protocol
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from core.consumer import Consumer
 from core.entry import Entry
 from core.errors import BrokerError
 from protocols.bridge.bridge import Bridge
+from protocols.bridge.link import Link
 from protocols.mqtt import codec as mq
-from protocols.twisted_types import connected
 from protocols.mqtt.state import BROKER_PROPERTY, RETAIN_HEADER, forwarding_headers, build_message, message_qos, publish_properties
 
 log = Logger(namespace="gateway.bridge")
 
 MAX_PACKET = 16 * 1024 * 1024
-CONNECT_TIMEOUT = 10.0
 NEVER_EXPIRES = 0xFFFFFFFF
 
 
-@implementer(interfaces.IPushProducer)
-class MqttLink(protocol.Protocol):
+class MqttLink(Link):
     """One connection of a bridge to an MQTT broker."""
 
+    answer = "CONNACK"
+
     def __init__(self, bridge: Bridge, clock: Any, password: bytes | None) -> None:
-        self.bridge = bridge
-        self.clock = clock
-        self.password = password
+        super().__init__(bridge, clock, password)
         settings = bridge.settings
         self.level = 5 if settings.version == 5 else 4
         self.decoder = mq.MqttDecoder(MAX_PACKET, level=self.level, server=False)
-        self.consumer: Consumer | None = None
-        self.window = settings.max_inflight
+        self.remote_window = settings.max_inflight
         self.remote_max_packet = 0  # 0: the remote named no limit
-        # Out: packet id -> the local delivery's tag, awaiting PUBACK (QoS 1) or PUBREC (QoS 2);
-        # then PUBREL sent, awaiting PUBCOMP (ids the remote still holds).
-        self.outbound: dict[int, int] = {}
+        # Out: packet id -> (consumer, the local delivery's tag), awaiting PUBACK (QoS 1) or PUBREC
+        # (QoS 2); then PUBREL sent, awaiting PUBCOMP (ids the remote still holds).
+        self.outbound: dict[int, tuple[Consumer, int]] = {}
         self.released: dict[int, None] = {}
         self._next_id = 1
         # In: QoS 2 packet ids stored here and PUBREC sent, awaiting PUBREL.
         self.inbound_qos2: dict[int, None] = {}
-        self.accepted = False  # CONNACK accepted
-        self.lost = False
-        self.last_in = 0.0
-        self._timer: Any = None
-        self._paused_for_store = False
-
-    # -- the connection ---------------------------------------------------------
 
     def connectionMade(self) -> None:
         bridge = self.bridge
         settings = bridge.settings
-        bridge.set_state("connecting")
-        self.last_in = self.clock.seconds()
         properties: dict[str, Any] = {}
         level = self.level
         if level == 5:
@@ -80,57 +65,13 @@ class MqttLink(protocol.Protocol):
             "MQTT", wire_level, settings.clean_session, settings.keepalive, bridge.client_id,
             settings.user, self.password, None, properties,
         )
-        connected(self.transport).registerProducer(self, True)
-        self._write(mq.encode(connect, level))
-        self._timer = self.clock.callLater(CONNECT_TIMEOUT, self._connect_timeout)
+        self.opened(mq.encode(connect, level))
 
-    def _connect_timeout(self) -> None:
-        self._timer = None
-        if not self.accepted:
-            self._fail(f"no CONNACK from {self.bridge.settings.url} within {CONNECT_TIMEOUT:g} s")
-
-    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self.lost = True
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-        bridge = self.bridge
-        bridge.stop_consuming(self.consumer)
-        self.consumer = None
+    def forget(self) -> None:
         self.outbound.clear()
-        if bridge.state == "stopped":
-            return  # stopped by the broker (shutdown, reload): nothing went wrong
-        error = None if bridge.last_error_is_new else reason.getErrorMessage()
-        bridge.set_state("disconnected", error)
-        bridge.last_error_is_new = False
-        if self.accepted:
-            log.warn("bridge {bridge}: link to {url} lost ({why}); reconnecting", bridge=bridge.name,
-                     url=bridge.settings.url, why=bridge.last_error or "closed")
-        self.accepted = False
 
-    def _fail(self, why: str) -> None:
-        """Drop the link (the service reconnects after its backoff), keeping ``why`` for operators."""
-        bridge = self.bridge
-        if not self.lost:
-            bridge.set_state(bridge.state, why)
-            bridge.last_error_is_new = True
-            log.warn("bridge {bridge}: {why}", bridge=bridge.name, why=why)
-            connected(self.transport).abortConnection()
-
-    def _write(self, data: bytes) -> None:
-        if not self.lost:
-            connected(self.transport).write(data)
-
-    # IPushProducer: the socket to the remote is full, or has room again.
-    def pauseProducing(self) -> None:
-        self.bridge.connection.pause()
-
-    def resumeProducing(self) -> None:
-        if not self.lost:
-            self.bridge.connection.resume()
-
-    def stopProducing(self) -> None:
-        pass
+    def window(self) -> int:
+        return self.remote_window
 
     # -- from the remote --------------------------------------------------------
 
@@ -141,7 +82,7 @@ class MqttLink(protocol.Protocol):
         except mq.MqttProtocolError as exc:
             for packet in exc.packets or ():
                 self._handle(packet)
-            self._fail(f"the remote sent a malformed packet: {exc}")
+            self.fail(f"the remote sent a malformed packet: {exc}")
             return
         for packet in packets:
             if self.lost:
@@ -159,51 +100,46 @@ class MqttLink(protocol.Protocol):
             self.released.pop(packet.packet_id, None)
         elif isinstance(packet, mq.Pubrel):
             self.inbound_qos2.pop(packet.packet_id, None)
-            self._write(mq.encode(mq.Pubcomp(packet.packet_id), self.level))
+            self.write(mq.encode(mq.Pubcomp(packet.packet_id), self.level))
         elif isinstance(packet, mq.Connack):
             self._connack(packet)
         elif isinstance(packet, mq.Suback):
             self._suback(packet)
         elif isinstance(packet, mq.Disconnect):
-            self._fail(f"the remote disconnected the bridge: reason 0x{packet.reason_code:02x}"
+            self.fail(f"the remote disconnected the bridge: reason 0x{packet.reason_code:02x}"
                        + _reason_string(packet.properties))
         elif isinstance(packet, mq.Pingresp):
             pass
         else:
-            self._fail(f"the remote sent an unexpected {type(packet).__name__}")
+            self.fail(f"the remote sent an unexpected {type(packet).__name__}")
 
     def _connack(self, packet: mq.Connack) -> None:
         bridge = self.bridge
         if self.accepted:
-            self._fail("the remote sent a second CONNACK")
+            self.fail("the remote sent a second CONNACK")
             return
         if packet.reason_code:
-            self._fail(f"the remote refused the connection: {_connack_reason(packet.reason_code, self.level)}"
-                       + _reason_string(packet.properties))
+            self.fail(f"the remote refused the connection: {_connack_reason(packet.reason_code, self.level)}"
+                      + _reason_string(packet.properties))
             return
-        self.accepted = True
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
         props = packet.properties
         for key, value in props.get("user_properties", ()):
             if key == BROKER_PROPERTY:
                 bridge.remote_name = value
-        self.window = min(self.window, props.get("receive_maximum", 65535))
+        self.remote_window = min(self.remote_window, props.get("receive_maximum", 65535))
         self.remote_max_packet = props.get("maximum_packet_size", 0)
-        bridge.connects += 1
-        bridge.set_state("connected")
+        self.accept()
         log.info("bridge {bridge}: connected to {url} as {client} (MQTT {version}{present})", bridge=bridge.name,
                  url=bridge.settings.url, client=bridge.client_id, version="5" if self.level == 5 else "3.1.1",
                  present=", session present" if packet.session_present else "")
         # PUBRELs the remote still waits for (from a link that dropped), before anything new.
         for pid in self.released:
-            self._write(mq.encode(mq.Pubrel(pid), self.level))
+            self.write(mq.encode(mq.Pubrel(pid), self.level))
         self._subscribe()
         keepalive = bridge.settings.keepalive
         if keepalive:
             self._timer = self.clock.callLater(keepalive, self._keepalive)
-        self.consumer = bridge.consume(self._deliver, self.window)
-        bridge.connection.resume()  # a link that dropped while the socket was full left it paused
+        self.start_consuming(self._deliver)
 
     def _subscribe(self) -> None:
         rules = self.bridge.in_rules
@@ -214,7 +150,7 @@ class MqttLink(protocol.Protocol):
             mq.SubscriptionRequest(t.remote_prefix + t.pattern, t.qos, no_local=v5, retain_as_published=v5)
             for t in rules
         ]
-        self._write(mq.encode(mq.Subscribe(1, requests), self.level))
+        self.write(mq.encode(mq.Subscribe(1, requests), self.level))
 
     def _suback(self, packet: mq.Suback) -> None:
         for topic, code in zip(self.bridge.in_rules, packet.reason_codes):
@@ -229,9 +165,9 @@ class MqttLink(protocol.Protocol):
             return
         keepalive = self.bridge.settings.keepalive
         if self.clock.seconds() - self.last_in > 1.5 * keepalive:
-            self._fail(f"the remote sent nothing for {1.5 * keepalive:g} s (keepalive {keepalive} s)")
+            self.fail(f"the remote sent nothing for {1.5 * keepalive:g} s (keepalive {keepalive} s)")
             return
-        self._write(mq.encode(mq.Pingreq(), self.level))
+        self.write(mq.encode(mq.Pingreq(), self.level))
         self._timer = self.clock.callLater(keepalive, self._keepalive)
 
     # -- out: local messages to the remote --------------------------------------
@@ -268,12 +204,12 @@ class MqttLink(protocol.Protocol):
                      "size ({max}); not forwarded", bridge=bridge.name, dest=message.destination, n=len(data),
                      max=self.remote_max_packet)
             return True
-        self._write(data)
+        self.write(data)
         if not qos:
             bridge.forwarded += 1
             return True
         assert pid is not None
-        self.outbound[pid] = tag
+        self.outbound[pid] = (consumer, tag)
         return None
 
     def _allocate(self) -> int:
@@ -286,14 +222,13 @@ class MqttLink(protocol.Protocol):
         raise BrokerError("no free packet identifier")
 
     def _confirmed(self, pid: int, reason: int, release: bool) -> None:
-        tag = self.outbound.pop(pid, None)
-        if release:
-            if reason < 0x80:
-                self.released[pid] = None
-                self._write(mq.encode(mq.Pubrel(pid), self.level))
-        consumer = self.consumer
-        if tag is None or consumer is None:
+        held = self.outbound.pop(pid, None)
+        if release and reason < 0x80:
+            self.released[pid] = None
+            self.write(mq.encode(mq.Pubrel(pid), self.level))
+        if held is None:
             return
+        consumer, tag = held
         bridge = self.bridge
         connection = bridge.connection
         try:
@@ -315,7 +250,7 @@ class MqttLink(protocol.Protocol):
         bridge = self.bridge
         qos, pid = packet.qos, packet.packet_id or 0
         if qos == 2 and pid in self.inbound_qos2:
-            self._write(mq.encode(mq.Pubrec(pid), self.level))  # stored already: only the answer was lost
+            self.write(mq.encode(mq.Pubrec(pid), self.level))  # stored already: only the answer was lost
             return
         destination = bridge.local_destination(packet.topic)
         stored = True
@@ -327,38 +262,21 @@ class MqttLink(protocol.Protocol):
                     bridge.received += 1
                 except BrokerError as exc:
                     stored = False
-                    self._fail(f"a message from the remote on {packet.topic!r} could not be published here: {exc}")
+                    self.fail(f"a message from the remote on {packet.topic!r} could not be published here: {exc}")
         if not qos or not stored:
             return
-        self._hold_if_full()
+        self.hold_if_full()
 
         def answer() -> None:
             if self.lost:
                 return  # the remote sends it again on the next link (clean_session false)
             if qos == 1:
-                self._write(mq.encode(mq.Puback(pid), self.level))
+                self.write(mq.encode(mq.Puback(pid), self.level))
             else:
                 self.inbound_qos2[pid] = None
-                self._write(mq.encode(mq.Pubrec(pid), self.level))
+                self.write(mq.encode(mq.Pubrec(pid), self.level))
 
         bridge.connection.when_durable(answer)
-
-    def _hold_if_full(self) -> None:
-        """At the store limit or the disk's floor: stop reading from the remote until there is room."""
-        usage = self.bridge.broker.store_usage
-        if usage.full and not self._paused_for_store and not self.lost:
-            self._paused_for_store = True
-            connected(self.transport).pauseProducing()
-            self.clock.callLater(1.0, self._retry_hold)
-
-    def _retry_hold(self) -> None:
-        if self.lost:
-            return
-        if self.bridge.broker.store_usage.full:
-            self.clock.callLater(1.0, self._retry_hold)
-            return
-        self._paused_for_store = False
-        connected(self.transport).resumeProducing()
 
 
 def _reason_string(properties: dict[str, Any]) -> str:
@@ -375,15 +293,3 @@ def _connack_reason(code: int, level: int) -> str:
     names = {1: "unacceptable protocol version", 2: "identifier rejected", 3: "server unavailable",
              4: "bad user name or password", 5: "not authorized"}
     return f"{names.get(code, 'refused')} ({code})"
-
-
-class MqttLinkFactory(protocol.Factory):
-    """Makes the link for each connection the bridge's service opens."""
-
-    def __init__(self, bridge: Bridge, clock: Any, password: bytes | None) -> None:
-        self.bridge = bridge
-        self.clock = clock
-        self.password = password
-
-    def buildProtocol(self, addr: Any) -> MqttLink:
-        return MqttLink(self.bridge, self.clock, self.password)

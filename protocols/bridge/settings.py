@@ -96,8 +96,6 @@ def validate_bridge(bridge: BridgeSettings) -> None:
         raise ValueError(f"{where}: url must start with one of {', '.join(s + '://' for s in SCHEMES)}, got {bridge.url!r}")
     if not parts.hostname:
         raise ValueError(f"{where}: url {bridge.url!r} names no host")
-    if SCHEMES[parts.scheme][0] == "stomp":
-        raise ValueError(f"{where}: stomp:// bridges are not available yet; use mqtt:// or mqtts://")
     if bridge.version not in (4, 5):
         raise ValueError(f"{where}: version must be 4 (MQTT 3.1.1) or 5, got {bridge.version!r}")
     if bridge.password is not None and bridge.password_file:
@@ -114,16 +112,40 @@ def validate_bridge(bridge: BridgeSettings) -> None:
         raise ValueError(f"{where}: no [[bridges.topics]]: a bridge needs at least one pattern")
     from protocols.mqtt.names import InvalidTopic, filter_to_canonical
 
+    stomp = SCHEMES[parts.scheme][0] == "stomp"
     for topic in bridge.topics:
         if topic.direction not in DIRECTIONS:
             raise ValueError(f"{where}: direction must be out, in or both, got {topic.direction!r}")
         if topic.qos not in (0, 1, 2):
             raise ValueError(f"{where}: qos must be 0, 1 or 2, got {topic.qos!r}")
         for prefix in (topic.local_prefix, topic.remote_prefix):
-            if "+" in prefix or "#" in prefix:
+            if any(c in prefix for c in "+#*>"):
                 raise ValueError(f"{where}: a prefix cannot hold a wildcard: {prefix!r}")
+        if stomp:
+            _check_stomp_pattern(where, topic)
+            continue
         for side, prefix in (("local", topic.local_prefix), ("remote", topic.remote_prefix)):
             try:
                 filter_to_canonical(prefix + topic.pattern)
             except InvalidTopic as exc:
                 raise ValueError(f"{where}: pattern {side} filter {prefix + topic.pattern!r}: {exc}") from None
+
+
+def _check_stomp_pattern(where: str, topic: BridgeTopic) -> None:
+    """A STOMP bridge names ``/topic/NAME`` (wildcards ``*`` and ``>`` as in a subscription) or ``/queue/NAME``."""
+    from core.destination import InvalidDestination, validate
+
+    for prefix, kind in (("/topic/", "topic://"), ("/queue/", "queue://")):
+        if topic.pattern.startswith(prefix):
+            name = topic.pattern[len(prefix):]
+            break
+    else:
+        raise ValueError(f"{where}: a STOMP bridge's pattern starts with /topic/ or /queue/, got {topic.pattern!r}")
+    if not name:
+        raise ValueError(f"{where}: pattern {topic.pattern!r} names nothing after {prefix}")
+    if kind == "queue://" and any(level in ("*", ">") for level in name.split(".")):
+        raise ValueError(f"{where}: a queue pattern names one queue, without wildcards: {topic.pattern!r}")
+    try:
+        validate(kind + topic.local_prefix + name, allow_wildcards=True)
+    except InvalidDestination as exc:
+        raise ValueError(f"{where}: pattern {topic.pattern!r}: {exc}") from None

@@ -39,6 +39,8 @@ log = Logger(namespace="gateway.stomp")
 
 VERSIONS = ("1.0", "1.1", "1.2")
 SERVER_NAME = "gateway/0.1"
+# CONNECT and CONNECTED: a gateway's bridge names its broker, and the gateway answers with its own.
+BROKER_HEADER = "gateway-broker"
 
 # Headers a SEND carries for the broker, not for consumers.
 _SEND_CONTROL = frozenset({
@@ -161,6 +163,8 @@ class StompSession:
             )
         self.decoder = StompDecoder(limits)
         self.version = "1.0"
+        # A bridge from another gateway (its CONNECT names its broker): what it sends is not sent back to it.
+        self.bridge = False
         self.phase = Phase.AWAITING_CONNECT
         # Phase.CLOSED as a plain attribute: read for every frame and write, where a property costs a call.
         self.closed = False
@@ -349,6 +353,9 @@ class StompSession:
         self.phase = Phase.CONNECTED
         self.label = f"{conn.id} {client_id or '-'}"
         out = [("version", version), ("server", SERVER_NAME), ("session", conn.id)]
+        if BROKER_HEADER in headers:
+            self.bridge = True
+            out.append((BROKER_HEADER, self.broker.node_name))
         if version != "1.0":
             out.append(("heart-beat", self._negotiate_heartbeat(headers.get("heart-beat", "0,0"))))
         self.write_out(encode_frame("CONNECTED", out, version=version))
@@ -610,7 +617,7 @@ class StompSession:
             destination, partial(self._deliver, live.outbox, sub),
             ack_mode=ack_mode, prefetch=prefetch_n, selector=h.get("selector"),
             exclusive=h.get("activemq.exclusive", "").lower() in _TRUE,
-            durable_name=durable, retroactive=h.get("activemq.retroactive", "").lower() in _TRUE,
+            durable_name=durable, retroactive=h.get("activemq.retroactive", "").lower() in _TRUE, no_local=self.bridge,
             handle=sub, stream_offset=h.get("x-stream-offset"), stream_partition=partition_n, check=check,
         )
         live.subs[sub_id] = sub

@@ -387,3 +387,51 @@ def test_a_mosquitto_bridge_into_the_gateway_gets_nothing_back_it_sent(tmp_path)
     finally:
         mosquitto.stop()
         central.stop()
+
+
+def test_a_stomp_bridge_moves_topics_and_queues_between_gateways(tmp_path):
+    central = bridged(tmp_path, "central")
+    edge = bridged(tmp_path, "edge-1", BridgeSettings(
+        "central", f"stomp://127.0.0.1:{central.port}", restart_timeout=[0.2, 1.0], topics=[
+            BridgeTopic("/topic/sensors.>", "out", remote_prefix="site1."),
+            BridgeTopic("/queue/orders", "out"),
+            BridgeTopic("/queue/cmds", "in", local_prefix="site1."),
+        ],
+    ))
+    try:
+        connected(edge, "central")
+        assert bridge_state(edge, "central")["remote_broker"] == "central"
+        readings, readings_got = connect(central)
+        readings.subscribe("/topic/site1.sensors.>", id="1")
+        sync = connect(central)[0]
+        sync.send("/topic/site1.sensors.sync", "barrier")  # the subscription is in place once this comes back
+        readings_got.wait_for(1)
+        # Topics out, from MQTT on the edge to STOMP at the centre, in order, with where they came from.
+        publisher = Publisher(edge.mqtt_port)
+        publisher.publish_all("sensors/room1", [f"r{i}".encode() for i in range(200)])
+        got = readings_got.wait_for(201)[1:]
+        assert [m.body for m in got] == [f"r{i}" for i in range(200)]
+        assert got[0].headers["destination"] == "/topic/site1.sensors.room1"
+        assert got[0].headers["gateway-path"] == "edge-1" and got[0].headers["_AMQ_DUPL_ID"].startswith("ID:edge-1-")
+        # A queue out: its messages move to the centre's queue of the same name, confirmed before removed here.
+        producer = connect(edge)[0]
+        for i in range(100):
+            producer.send("/queue/orders", f"o{i}", headers={"persistent": "true"}, receipt=f"o{i}")
+        wait_until(lambda: central.queue_depth("queue://orders") == 100, 20, "100 orders at the centre")
+        assert edge.queue_depth("queue://orders") == 0
+        assert central.queue_bodies("queue://orders") == [f"o{i}".encode() for i in range(100)]
+        # A queue in: the centre's cmds drain into site1.cmds here, acknowledged there once stored here.
+        sender = connect(central)[0]
+        for i in range(50):
+            sender.send("/queue/cmds", f"c{i}", headers={"persistent": "true"})
+        wait_until(lambda: edge.queue_depth("queue://site1.cmds") == 50, 20, "50 commands at the edge")
+        wait_until(lambda: central.queue_depth("queue://cmds") == 0, 20, "the centre's queue acknowledged")
+        assert edge.queue_bodies("queue://site1.cmds") == [f"c{i}".encode() for i in range(50)]
+        status = bridge_state(edge, "central")
+        assert status["out"]["forwarded"] == 300 and status["in"]["received"] == 50
+        for conn in (readings, sync, producer, sender):
+            disconnect(conn)
+        publisher.close()
+    finally:
+        edge.stop()
+        central.stop()

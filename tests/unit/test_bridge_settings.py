@@ -65,7 +65,10 @@ def test_default_ports_follow_the_scheme(tmp_path):
     ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\npassword = "p"\n[[bridges.topics]]\npattern = "#"\n', "a password needs a user"),
     ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\nrestart_timeout = [5, 1]\n[[bridges.topics]]\npattern = "#"\n', "restart_timeout"),
     ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\nport = 1\n[[bridges.topics]]\npattern = "#"\n', "unknown setting [bridges 'a'] port"),
-    ('[[bridges]]\nname = "a"\nurl = "stomp://h"\n[[bridges.topics]]\npattern = "/topic/a"\n', "stomp:// bridges are not available yet"),
+    ('[[bridges]]\nname = "a"\nurl = "stomp://h"\n[[bridges.topics]]\npattern = "sensors/#"\n', "starts with /topic/ or /queue/"),
+    ('[[bridges]]\nname = "a"\nurl = "stomp://h"\n[[bridges.topics]]\npattern = "/queue/a.*"\n', "without wildcards"),
+    ('[[bridges]]\nname = "a"\nurl = "stomp://h"\n[[bridges.topics]]\npattern = "/topic/a.>.b"\n', "'>' must be the last level"),
+    ('[[bridges]]\nname = "a"\nurl = "stomp://h"\n[[bridges.topics]]\npattern = "/topic/"\n', "names nothing"),
     ('[[bridges]]\nname = "a"\nurl = "mqtt://h"\n[[bridges.topics]]\npattern = "#"\n'
      '[[bridges]]\nname = "a"\nurl = "mqtt://g"\n[[bridges.topics]]\npattern = "#"\n', "used twice"),
 ])
@@ -81,6 +84,21 @@ def test_names_map_with_mosquittos_prefix_semantics():
     assert rule.remote_topic("topic://edge.sensors.room1.temp") == "site1/sensors/room1/temp"
     # A '.' inside an MQTT level survives the round trip.
     assert rule.remote_topic("topic://edge.sensors.v1/2") == "site1/sensors/v1.2"
+
+
+def test_stomp_names_take_the_prefixes_after_the_kind():
+    topic = OutRule(BridgeTopic("/topic/sensors.>", "out", local_prefix="edge.", remote_prefix="site1."), stomp=True)
+    assert topic.local_filter == "topic://edge.sensors.>"
+    assert topic.remote_topic("topic://edge.sensors.room1") == "/topic/site1.sensors.room1"
+    queue = OutRule(BridgeTopic("/queue/orders", "out", remote_prefix="site1."), stomp=True)
+    assert (queue.kind, queue.local_filter) == ("queue://", "queue://orders")
+    assert queue.remote_topic("queue://orders") == "/queue/site1.orders"
+
+
+def test_a_stomp_bridge_is_read_with_its_default_port(tmp_path):
+    text = '[[bridges]]\nname = "a"\nurl = "stomp+ssl://h"\n[[bridges.topics]]\npattern = "/queue/q"\ndirection = "in"\n'
+    (bridge,) = load(write(tmp_path, text)).bridges
+    assert (bridge.protocol, bridge.tls, bridge.port) == ("stomp", True, 61612)
 
 
 def test_the_bridge_bit_of_a_3x_connect_is_read_as_mosquitto_sends_it():
