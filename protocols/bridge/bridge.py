@@ -111,6 +111,8 @@ class Bridge:
         self.last_error: str | None = None
         self.last_error_is_new = False  # set by a link that closes for a reason of its own
         self.remote_name: str | None = None  # the remote gateway's name, when it tells it
+        # MQTT 3.1.1: the remote refused the bridge bit (try_private), so the links connect without it.
+        self.plain_mqtt = False
         self.forwarded = 0  # out: confirmed by the remote
         self.received = 0  # in: stored here and acknowledged to the remote
         self.loops_dropped = 0  # either way: a message whose path names the broker it would go to

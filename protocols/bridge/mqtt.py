@@ -59,8 +59,8 @@ class MqttLink(Link):
             properties["receive_maximum"] = min(65535, max(1, settings.max_inflight))
             wire_level = 5
         else:
-            # Mosquitto's try_private: the bridge bit on the protocol level.
-            wire_level = 0x84 if settings.try_private else 4
+            # Mosquitto's try_private: the bridge bit on the protocol level, unless this remote refused it.
+            wire_level = 0x84 if settings.try_private and not bridge.plain_mqtt else 4
         connect = mq.Connect(
             "MQTT", wire_level, settings.clean_session, settings.keepalive, bridge.client_id,
             settings.user, self.password, None, properties,
@@ -69,6 +69,14 @@ class MqttLink(Link):
 
     def forget(self) -> None:
         self.outbound.clear()
+        bridge = self.bridge
+        if not self.accepted and self.level == 4 and bridge.settings.try_private and not bridge.plain_mqtt:
+            # Closed before a CONNACK (RabbitMQ: "protocol_header_corrupt"): the bit, not the bridge, was
+            # refused.  Mosquitto leaves that to the operator; a bridge that never connects helps nobody.
+            bridge.plain_mqtt = True
+            log.warn("bridge {bridge}: the remote closed the connection to a CONNECT with the bridge bit "
+                     "(try_private); connecting as a plain MQTT 3.1.1 client from now on.  Such a remote may "
+                     "send back what the bridge publishes to a topic it also subscribes to", bridge=bridge.name)
 
     def window(self) -> int:
         return self.remote_window
@@ -118,6 +126,9 @@ class MqttLink(Link):
         if self.accepted:
             self.fail("the remote sent a second CONNACK")
             return
+        if packet.reason_code == 1 and self.level == 4 and not bridge.plain_mqtt and bridge.settings.try_private:
+            self.fail("the remote refused the bridge bit (try_private): unacceptable protocol version")
+            return  # forget() connects without it next time
         if packet.reason_code:
             self.fail(f"the remote refused the connection: {_connack_reason(packet.reason_code, self.level)}"
                       + _reason_string(packet.properties))

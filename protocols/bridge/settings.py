@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 # URL scheme -> (protocol, TLS, default port).
 SCHEMES = {
@@ -71,6 +71,13 @@ class BridgeSettings:
     @property
     def tls(self) -> bool:
         return SCHEMES[self.scheme][1]
+
+    @property
+    def virtual_host(self) -> str:
+        """STOMP's ``host`` header: the URL's path (``stomp://h:61613/prod`` is ``prod``), else ``/``,
+        RabbitMQ's default virtual host, which ActiveMQ, Artemis and the gateway ignore."""
+        path = unquote(urlsplit(self.url).path)
+        return path[1:] if len(path) > 1 else "/"
 
     @property
     def host(self) -> str:

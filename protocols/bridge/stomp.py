@@ -52,7 +52,7 @@ class StompLink(Link):
         settings = bridge.settings
         beat = settings.keepalive * 1000
         headers = [
-            ("accept-version", "1.2"), ("host", settings.host), ("client-id", bridge.client_id),
+            ("accept-version", "1.2"), ("host", settings.virtual_host), ("client-id", bridge.client_id),
             ("heart-beat", f"{beat},{beat}"), (BROKER_HEADER, bridge.broker_name),
         ]
         if settings.user is not None:

@@ -435,3 +435,41 @@ def test_a_stomp_bridge_moves_topics_and_queues_between_gateways(tmp_path):
     finally:
         edge.stop()
         central.stop()
+
+
+def test_a_remote_that_refuses_the_bridge_bit_is_connected_to_as_a_plain_client(tmp_path):
+    """RabbitMQ closes a CONNECT with protocol level 0x84 ("protocol_header_corrupt"); so does this one."""
+    import socket
+    import threading
+
+    levels: list[int] = []
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def remote() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            data = conn.recv(1024)
+            level = data[8]  # fixed header (2), "MQTT" with its length (6), then the level
+            levels.append(level)
+            if level == 0x84:
+                conn.close()
+            else:
+                conn.sendall(b"\x20\x02\x00\x00")  # CONNACK: accepted
+                threading.Thread(target=lambda c=conn: c.recv(1 << 16), daemon=True).start()
+
+    threading.Thread(target=remote, daemon=True).start()
+    edge = bridged(tmp_path, "edge-1", BridgeSettings(
+        "rabbit", f"mqtt://127.0.0.1:{server.getsockname()[1]}", restart_timeout=[0.2, 1.0],
+        topics=[BridgeTopic("sensors/#", "out")],
+    ))
+    try:
+        connected(edge, "rabbit")
+        assert levels[:2] == [0x84, 4] and set(levels[2:]) <= {4}
+    finally:
+        edge.stop()
+        server.close()

@@ -99,6 +99,10 @@ def test_a_stomp_bridge_is_read_with_its_default_port(tmp_path):
     text = '[[bridges]]\nname = "a"\nurl = "stomp+ssl://h"\n[[bridges.topics]]\npattern = "/queue/q"\ndirection = "in"\n'
     (bridge,) = load(write(tmp_path, text)).bridges
     assert (bridge.protocol, bridge.tls, bridge.port) == ("stomp", True, 61612)
+    # STOMP's host header is the virtual host: RabbitMQ refuses a CONNECT naming a host it does not have.
+    assert bridge.virtual_host == "/"
+    bridge.url = "stomp://h:61613/prod%2Feu"
+    assert bridge.virtual_host == "prod/eu"
 
 
 def test_the_bridge_bit_of_a_3x_connect_is_read_as_mosquitto_sends_it():
