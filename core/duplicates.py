@@ -16,7 +16,12 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
+from typing import TYPE_CHECKING
+
 from persistence.store import Store
+
+if TYPE_CHECKING:
+    from core.message import Message
 
 DUPLICATE_ID_HEADER = "_AMQ_DUPL_ID"
 # The brokers a forwarded message has crossed, comma-separated (ActiveMQ's BrokerPath): a broker
@@ -70,3 +75,14 @@ class DuplicateCache:
         while len(ids) > max(self.size, 0):
             _, old = ids.popitem(last=False)
             self.store.delete_record(DUPLICATE_KIND, f"{old:020d}")
+
+
+def forwarding_headers(message: Message, node_name: str) -> list[tuple[str, str]]:
+    """What a message takes to another broker: its duplicate-detection id (the message id, stored
+    with it, so a resend after a restart carries the same one) and the path with this broker on it."""
+    extra = []
+    if DUPLICATE_ID_HEADER not in message.headers:
+        extra.append((DUPLICATE_ID_HEADER, message.id))
+    path = message.headers.get(BROKER_PATH_HEADER)
+    extra.append((BROKER_PATH_HEADER, f"{path},{node_name}" if path else node_name))
+    return extra

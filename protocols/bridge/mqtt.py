@@ -14,12 +14,13 @@ from typing import Any
 from twisted.logger import Logger
 
 from core.consumer import Consumer
+from core.duplicates import forwarding_headers
 from core.entry import Entry
 from core.errors import BrokerError
 from protocols.bridge.bridge import Bridge
 from protocols.bridge.link import Link
 from protocols.mqtt import codec as mq
-from protocols.mqtt.state import BROKER_PROPERTY, RETAIN_HEADER, forwarding_headers, build_message, message_qos, publish_properties
+from protocols.mqtt.state import BROKER_PROPERTY, RETAIN_HEADER, build_message, message_qos, publish_properties
 
 log = Logger(namespace="gateway.bridge")
 

@@ -14,12 +14,12 @@ from typing import Any
 from twisted.logger import Logger
 
 from core.consumer import Consumer
+from core.duplicates import forwarding_headers
 from core.entry import Entry
 from core.errors import BrokerError
 from core.message import Message
 from protocols.bridge.bridge import Bridge
 from protocols.bridge.link import Link
-from protocols.mqtt.state import forwarding_headers
 from protocols.stomp.session import BROKER_HEADER
 from protocols.stomp.codec import Frame, StompDecoder, StompLimits, StompProtocolError, encode_frame
 

@@ -29,6 +29,7 @@ from core.access import ANONYMOUS, AllowAll, Permission, Principal, Reader, Read
 from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.destination import InvalidDestination
+from core.duplicates import forwarding_headers
 from core.entry import Entry
 from core.errors import BrokerError, UserLimit
 from core.message import Message
@@ -68,7 +69,6 @@ from protocols.mqtt.state import (
     message_qos,
     BROKER_PROPERTY,
     options_of,
-    forwarding_headers,
     publish_properties,
 )
 from protocols.auth import Anonymous, Credentials, certificate_user

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.consumer import Consumer
-from core.duplicates import BROKER_PATH_HEADER, DUPLICATE_ID_HEADER
 from core.via import ViaMarker
 from core.errors import BrokerError
 from core.message import Message
@@ -304,17 +303,6 @@ def publish_properties(broker: Broker, message: Message) -> dict[str, Any]:
         # A STOMP producer may set expires further ahead than MQTT's u32 seconds.
         props["message_expiry_interval"] = min(max(1, remaining), 0xFFFFFFFF)
     return props
-
-
-def forwarding_headers(message: Message, node_name: str) -> list[tuple[str, str]]:
-    """What a message takes to another broker: its duplicate-detection id (the message id, stored
-    with it, so a resend after a restart carries the same one) and the path with this broker on it."""
-    extra = []
-    if DUPLICATE_ID_HEADER not in message.headers:
-        extra.append((DUPLICATE_ID_HEADER, message.id))
-    path = message.headers.get(BROKER_PATH_HEADER)
-    extra.append((BROKER_PATH_HEADER, f"{path},{node_name}" if path else node_name))
-    return extra
 
 
 def _user_property_list(text: str) -> list[tuple[str, str]] | None:

@@ -17,6 +17,7 @@ from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal, Read
 from core.broker import Broker
 from core.connection import Connection
 from core.consumer import AckMode, Consumer
+from core.duplicates import forwarding_headers
 from core.entry import Entry
 from core.errors import BrokerError, UnknownDestination, UserLimit
 from core.message import Message
@@ -693,6 +694,14 @@ class StompSession:
                 sub.message_tags[message.id] = tag
         if entry.redeliveries:
             parts.append(b"redelivered:true\nredelivery-count:%d\n" % entry.redeliveries)
+        if self.bridge:
+            # To another gateway's bridge: the id it drops repeats by and the path it stops loops by
+            # (ahead of the message's own headers: the first of a repeated header is the one read).
+            version = self.version
+            parts.append("".join(
+                f"{escape_header(k, version)}:{escape_header(v, version)}\n"
+                for k, v in forwarding_headers(message, self.broker.node_name)
+            ).encode())
         parts.append(self._message_tail(message))
         # After the batch holding its delivered mark (and anything before it) is on disk;
         # an unstored entry (a topic's message) has no mark, and waits only behind what went before.

@@ -221,17 +221,19 @@ def test_kill_9_of_the_bridging_gateway_under_load_loses_nothing_it_confirmed(tm
         mosquitto.stop()
 
 
-def test_two_gateways_bridged_both_ways_deliver_one_copy_each(tmp_path):
+@pytest.mark.parametrize("protocol", ["mqtt", "stomp"])
+def test_two_gateways_bridged_both_ways_deliver_one_copy_each(tmp_path, protocol):
+    def link(name: str, to: BrokerHandle) -> BridgeSettings:
+        if protocol == "mqtt":
+            return BridgeSettings(name, f"mqtt://127.0.0.1:{to.mqtt_port}", version=5, restart_timeout=[0.2, 1.0],
+                                  topics=[BridgeTopic("#", "both", qos=1)])
+        return BridgeSettings(name, f"stomp://127.0.0.1:{to.port}", restart_timeout=[0.2, 1.0],
+                              topics=[BridgeTopic("/topic/t.>", "both")])
+
     b = bridged(tmp_path, "node-b")
-    a = bridged(tmp_path, "node-a", BridgeSettings(
-        "tob", f"mqtt://127.0.0.1:{b.mqtt_port}", version=5, restart_timeout=[0.2, 1.0],
-        topics=[BridgeTopic("#", "both", qos=1)],
-    ))
+    a = bridged(tmp_path, "node-a", link("tob", b))
     # And B bridged back to A on the same topics: two links, each both ways.
-    call(lambda: b.gateway.bridges.start([BridgeSettings(
-        "toa", f"mqtt://127.0.0.1:{a.mqtt_port}", version=5, restart_timeout=[0.2, 1.0],
-        topics=[BridgeTopic("#", "both", qos=1)],
-    )]))
+    call(lambda: b.gateway.bridges.start([link("toa", a)]))
     try:
         connected(a, "tob")
         connected(b, "toa")
@@ -249,7 +251,8 @@ def test_two_gateways_bridged_both_ways_deliver_one_copy_each(tmp_path):
         forwarded = [props for t, p, props in at_b.messages if p == b"a0"][0]
         assert forwarded["gateway-path"] == "node-a" and forwarded["_AMQ_DUPL_ID"].startswith("ID:node-a-")
         loops = call(lambda: a.broker.loops_dropped + b.broker.loops_dropped)
-        print(f"\ntwo gateways bridged both ways twice: 204 messages each side, once each; loops stopped: {loops}")
+        print(f"\ntwo gateways bridged both ways twice over {protocol}: 204 messages each side, once each; "
+              f"loops stopped: {loops}")
         for client in (at_a, at_b, pub_a, pub_b):
             client.close()
     finally:
