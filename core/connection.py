@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from core import destination as dest
 from core.access import Reader
+from core.network import PathFilter
 from core.consumer import AckMode, Consumer, Sink
 from core.entry import Entry
 from core.errors import (
@@ -23,7 +24,7 @@ from core.message import Message
 from core.queue import Host as QueueHost
 from core.queue import MessageQueue
 from core.selector import Selector, SelectorError, compile_selector
-from core.topic import Subscription
+from core.topic import MessageFilter, Subscription
 
 if TYPE_CHECKING:
     from core.stream import Stream
@@ -66,7 +67,7 @@ class Host(QueueHost, Protocol):
 
     # -- topic subscriptions
     def add_subscription(
-        self, queue: MessageQueue, destination: str, *, selector: Selector | None = None, no_local: bool = False,
+        self, queue: MessageQueue, destination: str, *, selector: MessageFilter | None = None, no_local: bool = False,
         owner_id: str | None = None,
     ) -> Subscription: ...
 
@@ -210,9 +211,12 @@ class Connection:
         stream_offset: str | None = None,
         stream_partition: int | None = None,
         check: Reader | None = None,
+        network: PathFilter | None = None,
     ) -> Consumer:
         """``check``: given for a topic subscription a deny rule overlaps; set before the
-        consumer is added, so that not even a durable subscription's backlog passes unchecked."""
+        consumer is added, so that not even a durable subscription's backlog passes unchecked.
+        ``network``: the subscriber is another broker of the network, consuming for its own
+        consumers; it filters as a selector would, and a queue serves it after local consumers."""
         broker = self.broker
         broker.check_name(destination, allow_wildcards=True)
         if destination.startswith("queue://"):
@@ -247,7 +251,9 @@ class Connection:
                 sub.owner_id = self.identity
             else:
                 queue = MessageQueue(f"subscription://{consumer_id}", broker)
-                sub = broker.add_subscription(queue, destination, selector=compiled, no_local=no_local, owner_id=self.identity)
+                sub = broker.add_subscription(
+                    queue, destination, selector=network or compiled, no_local=no_local, owner_id=self.identity,
+                )
             if retroactive:
                 for seq, message in broker.replay(sub.levels):
                     if sub.wants(message):
@@ -268,7 +274,7 @@ class Connection:
             queue = broker.queue(destination)
             consumer = Consumer(
                 consumer_id, self, queue, sink, ack_mode=ack_mode, prefetch=prefetch,
-                selector=compiled, exclusive=exclusive, handle=handle,
+                selector=network or compiled, exclusive=exclusive, handle=handle, remote=network is not None,
             )
         self.consumers[consumer_id] = consumer
         consumer.queue.add_consumer(consumer)

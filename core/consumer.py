@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from core.access import Reader
     from core.entry import Entry
     from core.queue import MessageQueue
-    from core.selector import Selector
+    from core.topic import MessageFilter
 
 
 class AckMode(enum.Enum):
@@ -38,7 +38,7 @@ class Consumer:
 
     __slots__ = (
         "id", "owner", "queue", "ack_mode", "prefetch", "selector", "exclusive",
-        "sink", "unacked", "next_tag", "groups", "closed", "handle", "check",
+        "sink", "unacked", "next_tag", "groups", "closed", "handle", "check", "remote",
     )
 
     def __init__(
@@ -50,10 +50,11 @@ class Consumer:
         *,
         ack_mode: AckMode = AckMode.AUTO,
         prefetch: int = 1000,
-        selector: "Selector | None" = None,
+        selector: "MessageFilter | None" = None,
         exclusive: bool = False,
         handle: object = None,
         check: "Reader | None" = None,
+        remote: bool = False,
     ) -> None:
         self.id = id
         self.owner = owner
@@ -75,6 +76,9 @@ class Consumer:
         # Set only on a subscription that a deny rule overlaps (a wildcard beside a denied
         # topic): each delivery asks it, and what the subscriber may not read is skipped.
         self.check = check
+        # Another broker of the network consuming for its own consumers: served only when no
+        # consumer here has credit (ActiveMQ's decreased priority for network consumers).
+        self.remote = remote
 
     def has_credit(self) -> bool:
         owner = self.owner

@@ -189,7 +189,7 @@ class MessageQueue:
     __slots__ = (
         "name", "host", "storage", "pending", "consumers", "groups", "enqueued", "dequeued", "expired",
         "dead_lettered", "max_redeliveries", "delivered_mark", "memory_limit", "paged", "spilled", "page_from",
-        "_rr", "_selectors", "_exclusives", "_uses_groups", "_may_expire", "_busy", "_again", "refill",
+        "_rr", "_selectors", "_exclusives", "_remotes", "_uses_groups", "_may_expire", "_busy", "_again", "refill",
     )
 
     def __init__(
@@ -223,6 +223,7 @@ class MessageQueue:
         self._rr = 0
         self._selectors = 0
         self._exclusives = 0
+        self._remotes = 0  # consumers for other brokers of the network (they always filter: _selectors too)
         self._uses_groups = False
         self._may_expire = False
         self._busy = False
@@ -414,6 +415,8 @@ class MessageQueue:
             self._selectors += 1
         if consumer.exclusive:
             self._exclusives += 1
+        if consumer.remote:
+            self._remotes += 1
         self.dispatch()
 
     def remove_consumer(self, consumer: Consumer) -> list[Entry]:
@@ -424,6 +427,8 @@ class MessageQueue:
                 self._selectors -= 1
             if consumer.exclusive:
                 self._exclusives -= 1
+            if consumer.remote:
+                self._remotes -= 1
         groups, unacked = consumer.detach()
         for group in groups:
             if self.groups.get(group) is consumer:
@@ -431,11 +436,16 @@ class MessageQueue:
         return unacked
 
     def active_consumers(self) -> list[Consumer]:
-        """Who may receive now: the first exclusive consumer alone if there is one."""
+        """Who may receive now: the first exclusive consumer alone if there is one; consumers
+        here before other brokers' while any of them has credit."""
         if self._exclusives:
             for consumer in self.consumers:
                 if consumer.exclusive:
                     return [consumer]
+        if self._remotes:
+            local = [c for c in self.consumers if not c.remote]
+            if any(c.has_credit() for c in local):
+                return local
         return self.consumers
 
     # -- dispatch -------------------------------------------------------

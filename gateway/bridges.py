@@ -14,13 +14,14 @@ import secrets
 from typing import Any, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet import endpoints, ssl
+from twisted.internet import endpoints, ssl, task
 from twisted.logger import Logger
 
 from core.broker import Broker
 from protocols.bridge.bridge import QUEUE_PREFIX, Bridge
-from protocols.bridge.link import LinkFactory
+from protocols.bridge.link import Link, LinkFactory
 from protocols.bridge.mqtt import MqttLink
+from protocols.bridge.network import NetworkLink, NetworkPeer, NetworkSettings
 from protocols.bridge.stomp import StompLink
 from protocols.bridge.settings import BridgeSettings
 
@@ -65,6 +66,8 @@ class Bridges:
         self.broker_name = broker_name
         self.running: dict[str, RunningBridge] = {}
         self.settings: dict[str, BridgeSettings] = {}
+        self.network: NetworkSettings | None = None
+        self._demand: task.LoopingCall | None = None
 
     def start(self, configured: list[BridgeSettings]) -> None:
         """At start-up, after recovery: the queue of a bridge configured no longer is dropped, saying so."""
@@ -77,8 +80,8 @@ class Bridges:
         for settings in configured:
             self._start(settings)
 
-    def _start(self, settings: BridgeSettings) -> None:
-        bridge = Bridge(self.broker, settings, self.broker_name)
+    def _start(self, settings: BridgeSettings, bridge: Bridge | None = None) -> None:
+        bridge = bridge or Bridge(self.broker, settings, self.broker_name)
         try:
             password = _password(settings)
             endpoint = _endpoint(self.reactor, settings)
@@ -90,7 +93,8 @@ class Bridges:
             return
         first, longest = settings.restart_timeout
         policy = backoffPolicy(initialDelay=first, maxDelay=longest, factor=2.0, jitter=lambda: random.random() * first)
-        factory = LinkFactory(StompLink if settings.protocol == "stomp" else MqttLink, bridge, self.reactor, password)
+        link: type[Link] = NetworkLink if isinstance(bridge, NetworkPeer) else StompLink if settings.protocol == "stomp" else MqttLink
+        factory = LinkFactory(link, bridge, self.reactor, password)
         service = ClientService(endpoint, cast(Any, factory), retryPolicy=policy, clock=self.reactor)
         service.startService()
         self.running[settings.name] = RunningBridge(bridge, service)
@@ -113,6 +117,8 @@ class Bridges:
         """SIGHUP: start new bridges, restart changed ones, stop and drop removed ones."""
         wanted = {s.name: s for s in configured}
         for name in list(self.running):
+            if isinstance(self.running[name].bridge, NetworkPeer):
+                continue  # [network] is read at start only
             if name not in wanted:
                 bridge = self.running[name].bridge
                 self._stop(name)
@@ -128,8 +134,28 @@ class Bridges:
                 self._start(settings)
 
     def stop(self) -> None:
+        if self._demand is not None and self._demand.running:
+            self._demand.stop()
         for name in list(self.running):
             self._stop(name)
+
+    def start_network(self, network: NetworkSettings) -> None:
+        """One link to each peer, and a look every ``demand_interval`` at what each should pull."""
+        self.network = network
+        for peer in network.peers:
+            settings = network.link_settings(peer)
+            self._start(settings, NetworkPeer(self.broker, settings, self.broker_name, network.ttl))
+        if network.peers:
+            self._demand = task.LoopingCall(self._pull)
+            self._demand.clock = self.reactor
+            self._demand.start(network.demand_interval, now=False)
+        log.info("network: {node} with {n} peers, ttl {ttl}", node=self.broker_name, n=len(network.peers), ttl=network.ttl)
+
+    def _pull(self) -> None:
+        for running in self.running.values():
+            peer = running.bridge
+            if isinstance(peer, NetworkPeer) and peer.link is not None:
+                peer.link.update(peer.demand())
 
     def status(self) -> list[dict[str, Any]]:
         return [r.bridge.status() for r in self.running.values()]

@@ -19,6 +19,7 @@ from core.stream_config import StreamSpec
 from gateway.auth.settings import AuthSettings, parse_auth
 from gateway.tls import CLIENT_CERT_MODES
 from persistence.disk import parse_floor
+from protocols.bridge.network import NetworkSettings, validate_network
 from protocols.bridge.settings import BridgeSettings, BridgeTopic, validate_bridge
 from protocols.mqtt.names import filter_to_canonical
 from protocols.mqtt.state import MqttSettings
@@ -148,6 +149,8 @@ class Config:
     partial_frame_timeout: float = 60.0
     # [[bridges]]: links to other brokers (protocols/bridge/settings.py).
     bridges: list[BridgeSettings] = field(default_factory=list)
+    # [network]: this broker's peers in a network of gateways (protocols/bridge/network.py).
+    network: NetworkSettings = field(default_factory=NetworkSettings)
 
     def tls_port(self, name: str) -> int:
         """The TLS port of listener ``name`` ("stomp", "mqtt", "ws", "admin"); 0 when it has none."""
@@ -298,6 +301,12 @@ def _from_toml(config: Config, data: dict[str, Any]) -> None:
                 raise ConfigError(str(exc)) from None
         elif section == "tls":
             _apply(config.tls, values, "tls")
+        elif section == "network":
+            values = dict(values)
+            if "restart_timeout" in values and isinstance(values["restart_timeout"], (int, float)):
+                values["restart_timeout"] = [values["restart_timeout"]] * 2
+            _apply(config.network, values, "network")
+            config.network.restart_timeout = [float(t) for t in config.network.restart_timeout]
         else:
             raise ConfigError(f"unknown section [{section}]")
 
@@ -313,6 +322,10 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{name} port must be 0-65535 (0 disables), got {listener.port}")
     _validate_tls(config)
     _validate_bridges(config.bridges)
+    try:
+        validate_network(config.network)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     limits: StompLimits = config.stomp_settings.limits
     for key in ("max_frame_size", "max_headers", "max_header_length", "max_command_length"):
         if getattr(limits, key) <= 0:
@@ -428,7 +441,7 @@ def _resolve_paths(config: Config, data: dict[str, Any], base: str) -> None:
         config.data_dir = os.path.join(base, config.data_dir)
     _resolve_tls_paths(config.tls, base)
     config.auth.resolve(base)
-    for bridge in config.bridges:
+    for bridge in [*config.bridges, config.network]:
         for key in ("password_file", "ca", "cert", "key"):
             value = getattr(bridge, key)
             if value and not os.path.isabs(value):

@@ -162,7 +162,7 @@ class Gateway:
             "mqtt": mqtt_factory(self.mqtt_hub, self.guard),
             "ws": GatewayWebSocketFactory(self._websocket_session, config.ws_settings, self.guard),
         }
-        self.bridges = Bridges(self.broker, self.reactor, node_name(self.broker, config.name))
+        self.bridges = Bridges(self.broker, self.reactor, node_name(self.broker, config.network.name or config.name))
         self.admin = admin_site(
             self.broker, config.admin_settings.max_request_size, __version__, BasicGuard(
                 self.authenticator, self.access, self.security.audit if self.security else None,
@@ -256,6 +256,8 @@ class Gateway:
         publisher.start()
         if self.bridges is not None:
             self.bridges.start(self.config.bridges)
+            if self.config.network.peers:
+                self.bridges.start_network(self.config.network)
         if self.storewatch is not None:
             self.storewatch.start()
         if self.config.persistence.compaction_interval > 0:

@@ -33,8 +33,27 @@ class BridgeTopic:
         return self.direction in ("in", "both")
 
 
+@dataclass(kw_only=True)
+class LinkSettings:
+    """How a link logs in and reconnects: a bridge's, and the network's for every peer."""
+
+    user: str | None = None
+    password: str | None = None
+    password_file: str = ""
+    # PEM files for mqtts:// and stomp+ssl://: the CA that signs the remote's certificate
+    # (empty: the system's), and this broker's own certificate and key where the remote asks.
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+    # Seconds before reconnecting: the first wait and the longest (doubling between), as Mosquitto's.
+    restart_timeout: list[float] = field(default_factory=lambda: [1.0, 60.0])
+    keepalive: int = 60
+    # Messages sent to the remote and not yet confirmed, at most.
+    max_inflight: int = 1000
+
+
 @dataclass
-class BridgeSettings:
+class BridgeSettings(LinkSettings):
     name: str
     url: str
     # MQTT protocol version at the remote: 4 (3.1.1) or 5.
@@ -42,22 +61,9 @@ class BridgeSettings:
     client_id: str = ""  # "": the broker's name + "-" + the bridge's name
     # False: the remote keeps the bridge's subscriptions and what is in flight while it is away.
     clean_session: bool = False
-    user: str | None = None
-    password: str | None = None
-    password_file: str = ""
-    # PEM files for mqtts:// and stomp+ssl://: the CA that signs the remote's certificate
-    # (empty: the system's), and the bridge's own certificate and key where the remote asks.
-    ca: str = ""
-    cert: str = ""
-    key: str = ""
-    # Seconds before reconnecting: the first wait and the longest (doubling between), as Mosquitto's.
-    restart_timeout: list[float] = field(default_factory=lambda: [1.0, 60.0])
-    keepalive: int = 60
     # MQTT 3.1.1: mark the connection as a bridge (Mosquitto's try_private, protocol level
     # 0x84) so the remote does not send back what the bridge published there.
     try_private: bool = True
-    # Messages sent to the remote and not yet confirmed, at most.
-    max_inflight: int = 1000
     topics: list[BridgeTopic] = field(default_factory=list)
 
     @property

@@ -19,6 +19,7 @@ from core.connection import Connection
 from core.consumer import AckMode, Consumer
 from core.duplicates import forwarding_headers
 from core.entry import Entry
+from core.network import PathFilter
 from core.errors import BrokerError, UnknownDestination, UserLimit
 from core.message import Message
 from core.stream_config import UnknownStream
@@ -42,6 +43,8 @@ VERSIONS = ("1.0", "1.1", "1.2")
 SERVER_NAME = "gateway/0.1"
 # CONNECT and CONNECTED: a gateway's bridge names its broker, and the gateway answers with its own.
 BROKER_HEADER = "gateway-broker"
+# SUBSCRIBE from a gateway's network link: how many brokers a message may have crossed to be given it.
+TTL_HEADER = "gateway-ttl"
 
 # Headers a SEND carries for the broker, not for consumers.
 _SEND_CONTROL = frozenset({
@@ -166,6 +169,7 @@ class StompSession:
         self.version = "1.0"
         # A bridge from another gateway (its CONNECT names its broker): what it sends is not sent back to it.
         self.bridge = False
+        self.peer = ""  # that broker's name
         self.phase = Phase.AWAITING_CONNECT
         # Phase.CLOSED as a plain attribute: read for every frame and write, where a property costs a call.
         self.closed = False
@@ -356,6 +360,7 @@ class StompSession:
         out = [("version", version), ("server", SERVER_NAME), ("session", conn.id)]
         if BROKER_HEADER in headers:
             self.bridge = True
+            self.peer = headers[BROKER_HEADER]
             out.append((BROKER_HEADER, self.broker.node_name))
         if version != "1.0":
             out.append(("heart-beat", self._negotiate_heartbeat(headers.get("heart-beat", "0,0"))))
@@ -619,6 +624,7 @@ class StompSession:
             ack_mode=ack_mode, prefetch=prefetch_n, selector=h.get("selector"),
             exclusive=h.get("activemq.exclusive", "").lower() in _TRUE,
             durable_name=durable, retroactive=h.get("activemq.retroactive", "").lower() in _TRUE, no_local=self.bridge,
+            network=PathFilter(self.peer, _int_header(h, TTL_HEADER, 255, 1, 255)) if self.bridge else None,
             handle=sub, stream_offset=h.get("x-stream-offset"), stream_partition=partition_n, check=check,
         )
         live.subs[sub_id] = sub

@@ -152,12 +152,16 @@ def sensors_up(name: str, port: int, version: int = 4) -> str:
 class Node:
     """A ``gateway run`` process with its configuration and data, which a test kills and starts again."""
 
-    def __init__(self, tmp_path: Path, name: str, config: str = "") -> None:
+    def __init__(self, tmp_path: Path, name: str, config: str = "", start: bool = True) -> None:
         self.tmp_path, self.name = tmp_path, name
         self.mqtt, self.stomp = free_port(), free_port()
         self.config = tmp_path / f"{name}.toml"
-        self.config.write_text(f'[broker]\nname = "{name}"\n[persistence]\ndisk_free_limit = 16777216\n' + config)
-        self.start()
+        self.configure(config)
+        if start:
+            self.start()
+
+    def configure(self, config: str) -> None:
+        self.config.write_text(f'[broker]\nname = "{self.name}"\n[persistence]\ndisk_free_limit = 16777216\n' + config)
 
     def start(self) -> None:
         self.process = BrokerProcess(

@@ -96,9 +96,10 @@ def config(floor: int | str, policy: str = "block") -> str:
 class StompProducer(threading.Thread):
     """Persistent SENDs with a receipt each, ``window`` unanswered at most: the receipted seqs."""
 
-    def __init__(self, port: int, destination: str, count: int, window: int = 50) -> None:
+    def __init__(self, port: int, destination: str, count: int, window: int = 50, first: int = 0) -> None:
+        """``first``: the first seq (a second producer after a kill numbers on from the first's)."""
         super().__init__(daemon=True)
-        self.port, self.destination, self.count, self.window = port, destination, count, window
+        self.port, self.destination, self.count, self.window, self.first = port, destination, count, window, first
         self.receipted: list[int] = []
         self.errors: list[str] = []
 
@@ -121,8 +122,9 @@ class StompProducer(threading.Thread):
             assert next_frame().command == "CONNECTED"
             while len(self.receipted) < self.count:
                 while sent < self.count and sent - len(self.receipted) < self.window:
-                    headers = [("destination", self.destination), ("persistent", "true"), ("receipt", str(sent)), ("seq", str(sent))]
-                    sock.sendall(encode_frame("SEND", headers, body(sent), version="1.2"))
+                    seq = self.first + sent
+                    headers = [("destination", self.destination), ("persistent", "true"), ("receipt", str(seq)), ("seq", str(seq))]
+                    sock.sendall(encode_frame("SEND", headers, body(seq), version="1.2"))
                     sent += 1
                 frame = next_frame()
                 if frame.command == "RECEIPT":

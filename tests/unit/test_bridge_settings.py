@@ -116,3 +116,30 @@ def test_the_bridge_bit_of_a_3x_connect_is_read_as_mosquitto_sends_it():
     assert plain.bridge is False
     with pytest.raises(mq.MqttProtocolError):
         mq.MqttDecoder().feed(mq.encode(mq.Connect("MQTT", 0x85, False, 60, "c"), 5))
+
+
+def test_a_network_is_read_with_its_defaults(tmp_path):
+    config = load(write(tmp_path, '[network]\npeers = ["10.0.0.2:61613", "stomp+ssl://10.0.0.3:61612"]\nttl = 2\n'
+                                  'restart_timeout = 5\nca = "ca.pem"\n'))
+    network = config.network
+    assert network.peers == ["10.0.0.2:61613", "stomp+ssl://10.0.0.3:61612"] and network.ttl == 2
+    assert network.restart_timeout == [5.0, 5.0] and network.ca == str(tmp_path / "ca.pem")
+    first, second = (network.link_settings(p) for p in network.peers)
+    assert (first.url, first.port, first.tls, first.name) == ("stomp://10.0.0.2:61613", 61613, False, "network-10.0.0.2-61613")
+    assert (second.port, second.tls) == (61612, True)
+    assert load(write(tmp_path, "")).network.peers == []
+
+
+@pytest.mark.parametrize("text, error", [
+    ('[network]\npeers = ["mqtt://h:1883"]\n', "peers are STOMP listeners"),
+    ('[network]\npeers = ["h:notaport"]\n', "peer 'h:notaport'"),
+    ('[network]\npeers = ["h:1", "stomp://h:1"]\n', "listed twice"),
+    ('[network]\nttl = 0\n', "ttl must be 1-255"),
+    ('[network]\nname = "a b"\n', "name must be letters"),
+    ('[network]\npassword = "x"\n', "a password needs a user"),
+    ('[network]\nhops = 2\n', "unknown setting [network] hops"),
+])
+def test_a_bad_network_is_refused_naming_what_is_wrong(tmp_path, text, error):
+    with pytest.raises(ConfigError) as raised:
+        load(write(tmp_path, text))
+    assert error in str(raised.value)

@@ -145,7 +145,7 @@ def expected_sections() -> dict[str, dict[str, Any]]:
 
     broker = {
         name: value for name, value in fields(config).items()
-        if not dataclasses.is_dataclass(value) and name not in ("streams", "bridges")
+        if not dataclasses.is_dataclass(value) and name not in ("streams", "bridges", "network")
     }
     return {
         "broker": broker,
@@ -161,6 +161,7 @@ def expected_sections() -> dict[str, dict[str, Any]]:
         # Arrays of tables, with required keys (no default): documented as comments.
         "bridges": fields(BridgeSettings("", ""), ("topics", "name", "url")),
         "bridges.topics": fields(BridgeTopic(""), ("pattern",)),
+        "network": fields(config.network),
     }
 
 
