@@ -96,15 +96,17 @@ def config(floor: int | str, policy: str = "block") -> str:
 class StompProducer(threading.Thread):
     """Persistent SENDs with a receipt each, ``window`` unanswered at most: the receipted seqs."""
 
-    def __init__(self, port: int, destination: str, count: int, window: int = 50, first: int = 0) -> None:
+    def __init__(self, port: int, destination: str, count: int, window: int = 50, first: int = 0,
+                 host: str = "127.0.0.1") -> None:
         """``first``: the first seq (a second producer after a kill numbers on from the first's)."""
         super().__init__(daemon=True)
         self.port, self.destination, self.count, self.window, self.first = port, destination, count, window, first
+        self.host = host
         self.receipted: list[int] = []
         self.errors: list[str] = []
 
     def run(self) -> None:
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=120)
+        sock = socket.create_connection((self.host, self.port), timeout=120)
         decoder = StompDecoder(StompLimits(max_frame_size=1 << 20), version="1.2")
         sock.sendall(encode_frame("CONNECT", [("accept-version", "1.2"), ("host", "/")], b"", version="1.2"))
         frames: list[Any] = []

@@ -155,8 +155,8 @@ def test_three_brokers_deliver_each_message_once_per_subscriber(tmp_path, shape)
 class Acking(Collector):
     """A consumer that acknowledges each message once it has it (client-individual), across reconnects."""
 
-    def consume(self, port: int) -> Any:
-        self.conn = stomp.Connection12([("127.0.0.1", port)])
+    def consume(self, port: int, host: str = "127.0.0.1") -> Any:
+        self.conn = stomp.Connection12([(host, port)])
         self.conn.set_listener("c", self)
         self.conn.connect(wait=True)
         self.conn.subscribe("/queue/orders", id="1", ack="client-individual")
