@@ -53,6 +53,9 @@ def add_parser(commands: Any) -> None:
     perf.add_argument("--bridge", action="store_true",
                       help="with --start-broker: start a second broker and bridge the first to it (MQTT 5, "
                            "perf/# out), for bridge-qos1: publishers on the first, subscribers on the second")
+    perf.add_argument("--network", action="store_true",
+                      help="with --start-broker: start a second broker, the two peered in a network of brokers, "
+                           "for network-queue: producers on the first, consumers on the second")
     perf.add_argument("--count", type=int, help="messages (or connections) per scenario instead of its default")
     perf.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
     perf.add_argument("--subscribers", type=int, default=50, help="mqtt-fanout subscribers (default 50)")
@@ -72,12 +75,18 @@ def run(args: argparse.Namespace) -> int:
     if args.size < 8 and "latency" in names:
         print("gateway perf: latency needs --size of at least 8 (the send time rides in the payload)", file=sys.stderr)
         return 2
+    if args.bridge and args.network:
+        print("gateway perf: --bridge and --network are two ways to pair brokers; choose one", file=sys.stderr)
+        return 2
     if args.bridge and names == expand(["all"]):
         names = ["bridge-qos1"]
-    if "bridge-qos1" in names and not args.bridge:
-        print("gateway perf: bridge-qos1 measures a bridged pair of brokers: add --start-broker --bridge", file=sys.stderr)
-        return 2
-    for flag in ("stream", "auth", "bridge"):
+    if args.network and names == expand(["all"]):
+        names = ["network-queue"]
+    for scenario, flag in (("bridge-qos1", "bridge"), ("network-queue", "network")):
+        if scenario in names and not getattr(args, flag):
+            print(f"gateway perf: {scenario} measures a pair of brokers: add --start-broker --{flag}", file=sys.stderr)
+            return 2
+    for flag in ("stream", "auth", "bridge", "network"):
         if getattr(args, flag) and not args.start_broker:
             print(f"gateway perf: --{flag} configures the broker it starts; add --start-broker", file=sys.stderr)
             return 2
@@ -85,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
     remote = OwnBroker() if args.bridge else None
     broker = None
     try:
-        if args.start_broker:
+        if args.network:
+            # Two brokers, each the other's peer: ports first, then each started with the other's.
+            broker, remote = OwnBroker.network_pair()
+        elif args.start_broker:
             broker = OwnBroker(stream=args.stream, auth=args.auth, bridge_to=remote.mqtt_port if remote else None)
         if broker is not None:
             login, passcode = (OwnBroker.USER, broker.password) if args.auth else (args.login, args.passcode)
@@ -198,23 +210,43 @@ direction = "out"
 """
 
 
+# What --network gives each of the two brokers: the other as its peer.
+NETWORK_CONFIG = """[network]
+peers = ["127.0.0.1:{port}"]
+demand_interval = 0.1
+"""
+
+
 class OwnBroker:
     """``gateway run`` on its defaults but free ports and a throw-away data directory."""
 
     USER = "perf"
 
-    def __init__(self, stream: bool = False, auth: bool = False, bridge_to: int | None = None) -> None:
+    @classmethod
+    def network_pair(cls) -> tuple["OwnBroker", "OwnBroker"]:
+        ports = [(_free_port(), _free_port()) for _ in range(2)]
+        first = cls(ports=ports[0], peer=ports[1][0])
+        try:
+            second = cls(ports=ports[1], peer=ports[0][0])
+        except PerfError:
+            first.stop()
+            raise
+        return first, second
+
+    def __init__(self, stream: bool = False, auth: bool = False, bridge_to: int | None = None,
+                 ports: tuple[int, int] | None = None, peer: int | None = None) -> None:
         self.data = tempfile.mkdtemp(prefix="gateway-perf-")
-        self.stomp_port, self.mqtt_port = _free_port(), _free_port()
+        self.stomp_port, self.mqtt_port = ports or (_free_port(), _free_port())
         self.password = secrets.token_urlsafe(12)
-        flags = [f for f, on in (("--stream", stream), ("--auth", auth), ("--bridge", bridge_to)) if on]
+        flags = [f for f, on in (("--stream", stream), ("--auth", auth), ("--bridge", bridge_to), ("--network", peer)) if on]
         self.label = f"gateway (--start-broker{''.join(' ' + f for f in flags)}; {compiled.describe().split(' (')[0]})"
         extra = []
-        if stream or auth or bridge_to:
+        if stream or auth or bridge_to or peer:
             path = f"{self.data}/perf.toml"
             with open(path, "w") as f:
                 f.write((STREAM_CONFIG if stream else "") + (AUTH_CONFIG if auth else "")
-                        + (BRIDGE_CONFIG.format(port=bridge_to) if bridge_to else ""))
+                        + (BRIDGE_CONFIG.format(port=bridge_to) if bridge_to else "")
+                        + (NETWORK_CONFIG.format(port=peer) if peer else ""))
             extra = ["--config", path]
         if auth:
             lines, _ = set_user([], self.USER, str(PasswordHash.make(self.password.encode())))

@@ -29,7 +29,7 @@ def test_every_scenario_against_its_own_broker():
                "--duration", "1", "--rate", "500", "--connections", "300")
     assert run.returncode == 0, run.stdout + run.stderr
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert [r["scenario"] for r in lines] == [name for name in SCENARIOS if name != "bridge-qos1"]
+    assert [r["scenario"] for r in lines] == [name for name in SCENARIOS if name not in ("bridge-qos1", "network-queue")]
     by_name = {r["scenario"]: r for r in lines}
     for result in lines:
         assert result["verified"], result
@@ -56,6 +56,16 @@ def test_a_bridged_pair_forwards_every_message_and_reports_both_brokers():
     assert "--bridge" in result["broker"]
     refused = perf("bridge-qos1", "--start-broker")
     assert refused.returncode == 2 and "add --start-broker --bridge" in refused.stderr
+
+
+def test_a_network_of_two_moves_a_persistent_queue_and_reports_both_brokers():
+    run = perf("--start-broker", "--network", "--count", "3000")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (result,) = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert result["scenario"] == "network-queue" and result["verified"] and result["messages"] == 3000, result
+    assert result["confirmed"] == 3000 and result["remote_broker_cpu_s"] > 0 and "--network" in result["broker"]
+    both = perf("--start-broker", "--network", "--bridge")
+    assert both.returncode == 2 and "choose one" in both.stderr
 
 
 def test_nothing_listening_is_a_clear_failure():
@@ -98,7 +108,7 @@ def test_auth_makes_the_broker_refuse_anonymous_clients():
         broker.stop()
 
 
-@pytest.mark.parametrize("flag", ["--stream", "--auth", "--bridge"])
+@pytest.mark.parametrize("flag", ["--stream", "--auth", "--bridge", "--network"])
 def test_stream_and_auth_need_a_broker_of_its_own(flag):
     run = perf("mqtt-qos0", flag)
     assert run.returncode == 2 and f"gateway perf: {flag} configures the broker it starts; add --start-broker" in run.stderr
