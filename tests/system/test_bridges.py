@@ -522,3 +522,42 @@ def test_a_remote_that_refuses_the_bridge_bit_is_connected_to_as_a_plain_client(
     finally:
         edge.stop()
         server.close()
+
+
+def test_a_remote_that_sends_garbage_costs_the_link_only(tmp_path):
+    """Bad input from the remote: the link is dropped with the reason kept, and made again; the broker serves on."""
+    import socket
+    import threading
+
+    accepted: list[int] = []
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def remote() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            conn.recv(1024)
+            accepted.append(1)
+            conn.sendall(b"\x20\x02\x00\x00" + b"\xf0\xff\xff\xff\xff\x01")  # CONNACK, then no packet at all
+
+    threading.Thread(target=remote, daemon=True).start()
+    edge = bridged(tmp_path, "edge-1", BridgeSettings(
+        "cloud", f"mqtt://127.0.0.1:{server.getsockname()[1]}", restart_timeout=[0.2, 0.5], try_private=False,
+        topics=[BridgeTopic("sensors/#", "out")],
+    ))
+    try:
+        wait_until(lambda: bridge_state(edge, "cloud")["connects"] >= 2, 10, "the link made again after the garbage")
+        assert "malformed" in bridge_state(edge, "cloud")["last_error"]
+        # The broker itself serves on, and keeps what the bridge will forward.
+        publisher = Publisher(edge.mqtt_port)
+        publisher.publish_all("sensors/t", [b"kept"])
+        out = bridge_state(edge, "cloud")["out"]
+        assert out["queued"] + out["inflight"] == 1 and out["forwarded"] == 0  # the fake remote never confirms
+        publisher.close()
+    finally:
+        edge.stop()
+        server.close()
