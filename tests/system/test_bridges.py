@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import stomp
@@ -486,32 +486,44 @@ def test_a_stomp_bridge_moves_topics_and_queues_between_gateways(tmp_path):
         central.stop()
 
 
-def test_a_remote_that_refuses_the_bridge_bit_is_connected_to_as_a_plain_client(tmp_path):
-    """RabbitMQ closes a CONNECT with protocol level 0x84 ("protocol_header_corrupt"); so does this one."""
+def fake_remote(answer: Callable[[Any, bytes], None]) -> Any:
+    """A listening socket standing in for a remote broker that no test can run (RabbitMQ's quirks, a broken
+    peer): ``answer(connection, its CONNECT bytes)`` for each connection.  Returns the socket; close it."""
     import socket
     import threading
 
-    levels: list[int] = []
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
 
-    def remote() -> None:
+    def accept() -> None:
         while True:
             try:
                 conn, _ = server.accept()
             except OSError:
                 return
-            data = conn.recv(1024)
-            level = data[8]  # fixed header (2), "MQTT" with its length (6), then the level
-            levels.append(level)
-            if level == 0x84:
-                conn.close()
-            else:
-                conn.sendall(b"\x20\x02\x00\x00")  # CONNACK: accepted
-                threading.Thread(target=lambda c=conn: c.recv(1 << 16), daemon=True).start()
+            answer(conn, conn.recv(1024))
 
-    threading.Thread(target=remote, daemon=True).start()
+    threading.Thread(target=accept, daemon=True).start()
+    return server
+
+
+def test_a_remote_that_refuses_the_bridge_bit_is_connected_to_as_a_plain_client(tmp_path):
+    """RabbitMQ closes a CONNECT with protocol level 0x84 ("protocol_header_corrupt"); so does this one."""
+    import threading
+
+    levels: list[int] = []
+
+    def answer(conn: Any, connect: bytes) -> None:
+        level = connect[8]  # fixed header (2), "MQTT" with its length (6), then the level
+        levels.append(level)
+        if level == 0x84:
+            conn.close()
+        else:
+            conn.sendall(b"\x20\x02\x00\x00")  # CONNACK: accepted
+            threading.Thread(target=lambda c=conn: c.recv(1 << 16), daemon=True).start()
+
+    server = fake_remote(answer)
     edge = bridged(tmp_path, "edge-1", BridgeSettings(
         "rabbit", f"mqtt://127.0.0.1:{server.getsockname()[1]}", restart_timeout=[0.2, 1.0],
         topics=[BridgeTopic("sensors/#", "out")],
@@ -526,25 +538,7 @@ def test_a_remote_that_refuses_the_bridge_bit_is_connected_to_as_a_plain_client(
 
 def test_a_remote_that_sends_garbage_costs_the_link_only(tmp_path):
     """Bad input from the remote: the link is dropped with the reason kept, and made again; the broker serves on."""
-    import socket
-    import threading
-
-    accepted: list[int] = []
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-
-    def remote() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            conn.recv(1024)
-            accepted.append(1)
-            conn.sendall(b"\x20\x02\x00\x00" + b"\xf0\xff\xff\xff\xff\x01")  # CONNACK, then no packet at all
-
-    threading.Thread(target=remote, daemon=True).start()
+    server = fake_remote(lambda conn, _: conn.sendall(b"\x20\x02\x00\x00" + b"\xf0\xff\xff\xff\xff\x01"))  # CONNACK, then no packet
     edge = bridged(tmp_path, "edge-1", BridgeSettings(
         "cloud", f"mqtt://127.0.0.1:{server.getsockname()[1]}", restart_timeout=[0.2, 0.5], try_private=False,
         topics=[BridgeTopic("sensors/#", "out")],
