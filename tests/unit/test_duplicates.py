@@ -83,3 +83,63 @@ def test_size_zero_turns_detection_off():
     send(broker, "queue://a", b"1", "same")
     send(broker, "queue://a", b"2", "same")
     assert bodies(broker, "queue://a") == [b"1", b"2"]
+
+
+def _ids_remembered(broker, destination, ids):
+    """Which of ``ids`` the broker would drop, asked without sending (a probe is an id too)."""
+    from core.duplicates import _digest
+
+    return [i for i in ids if _digest(destination, i) in broker.duplicates._ids]
+
+
+def test_a_new_id_overwrites_the_oldest_slot_without_a_delete():
+    store = MemoryStore()
+    broker = make(store, size=4)
+    for i in range(4):
+        send(broker, "queue://a", b"%d" % i, f"id-{i}")
+    deletes_before = store.writes
+    cache = broker.duplicates
+    # Past the size: one put per id, over the slot of the id it forgets.
+    puts = []
+    real_delete, real_put = store.delete_record, store.put_record
+    store.delete_record = lambda kind, key: puts.append(("delete", kind)) or real_delete(kind, key)
+    store.put_record = lambda kind, key, data: puts.append(("put", kind)) or real_put(kind, key, data)
+    for i in range(4, 10):
+        assert not cache.seen("queue://a", f"id-{i}")
+    assert [p for p in puts if p[1] == "dupl"] == [("put", "dupl")] * 6
+    assert store.writes > deletes_before
+    assert len(list(store.iter_records("dupl"))) == 4
+    store.delete_record, store.put_record = real_delete, real_put
+    again = make(store.reopen(), size=4)
+    assert _ids_remembered(again, "queue://a", [f"id-{i}" for i in range(10)]) == ["id-6", "id-7", "id-8", "id-9"]
+
+
+def test_a_smaller_or_larger_size_after_a_restart_keeps_the_newest():
+    store = MemoryStore()
+    broker = make(store, size=5)
+    for i in range(8):
+        send(broker, "queue://a", b"%d" % i, f"id-{i}")
+    smaller = make(store.reopen(), size=3)
+    assert len(list(smaller.store.iter_records("dupl"))) == 3
+    assert _ids_remembered(smaller, "queue://a", ["id-4", "id-5", "id-6", "id-7"]) == ["id-5", "id-6", "id-7"]
+    send(smaller, "queue://a", b"5 again", "id-5")
+    assert smaller.duplicates.dropped == 1
+    larger = make(smaller.store.reopen(), size=10)
+    assert _ids_remembered(larger, "queue://a", ["id-4", "id-5", "id-6", "id-7"]) == ["id-5", "id-6", "id-7"]
+    for i in range(9):
+        send(larger, "queue://a", b"n", f"n-{i}")
+    # 3 + 9 ids in 10 slots: the two oldest went.
+    assert _ids_remembered(larger, "queue://a", ["id-5", "id-6", "id-7", "n-0", "n-8"]) == ["id-7", "n-0", "n-8"]
+    assert len(list(larger.store.iter_records("dupl"))) == 10
+
+
+def test_records_of_the_old_layout_are_read_and_rewritten():
+    from core.duplicates import _digest
+
+    store = MemoryStore()
+    # Before the ring: key = arrival number (20 digits), value = the digest alone.
+    for n in range(1, 6):
+        store.put_record("dupl", f"{n:020d}", _digest("queue://a", f"old-{n}"))
+    broker = make(store, size=3)
+    assert sorted(len(k) for k, _ in store.iter_records("dupl")) == [10, 10, 10]
+    assert _ids_remembered(broker, "queue://a", [f"old-{n}" for n in range(1, 6)]) == ["old-3", "old-4", "old-5"]
