@@ -56,21 +56,42 @@ class ChunkHeader:
     last_ts: int
 
 
+_TIMESTAMP = SCHEMA.field("timestamp").type
+_HEADERS = SCHEMA.field("headers").type
+_STRING = pa.string()
+_BINARY = pa.binary()
+_INT32 = pa.int32()
+
+
+def _strings(values: list[str]) -> pa.Array:
+    try:
+        return pa.array(values, _STRING)
+    except UnicodeEncodeError:
+        # A byte an MQTT name or header carried as surrogateescape: Arrow's UTF-8 cannot
+        # hold it, and the turn's records must not be lost for it: U+FFFD, as a lenient decoder shows it.
+        return pa.array([v.encode("utf-8", "surrogateescape").decode("utf-8", "replace") for v in values], _STRING)
+
+
 def build_batch(
     base: int, timestamps: list[int], destinations: list[str], ids: list[str],
-    headers: list[dict[str, str]], bodies: list[bytes],
+    header_ends: list[int], header_keys: list[str], header_values: list[str], bodies: list[bytes],
 ) -> pa.RecordBatch:
-    """One batch from column lists: conversion happens in Arrow's C++, not per record in Python."""
+    """One batch from flat column lists, converted by Arrow's C++.
+
+    ``header_ends`` is the header map column's offsets (where each record's
+    headers end in ``header_keys`` and ``header_values``, a leading 0 first):
+    pa.array() over a list of dicts builds a tuple per header and costs about
+    three times what three flat lists do; strings and bytes it converts
+    faster than joining them by hand would (measured).
+    """
     n = len(bodies)
-    # Offsets through array.array: pa.array() of a range or list costs far more for small batches.
     offsets = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(array.array("q", range(base, base + n)))])
+    stamps = pa.Array.from_buffers(_TIMESTAMP, n, [None, pa.py_buffer(array.array("q", timestamps))])
+    headers = pa.MapArray.from_arrays(
+        pa.array(header_ends, _INT32), _strings(header_keys), _strings(header_values), type=_HEADERS,
+    )
     return pa.RecordBatch.from_arrays([
-        offsets,
-        pa.array(timestamps, type=SCHEMA.field("timestamp").type),
-        pa.array(destinations, type=pa.string()),
-        pa.array(ids, type=pa.string()),
-        pa.array(headers, type=SCHEMA.field("headers").type),
-        pa.array(bodies, type=pa.binary()),
+        offsets, stamps, _strings(destinations), _strings(ids), headers, pa.array(bodies, _BINARY),
     ], schema=SCHEMA)
 
 

@@ -20,7 +20,9 @@ Chunks: each flush writes one Arrow batch per partition (core/records.py).
 Small ones are remembered (the "tail") and, once together they reach
 ``CHUNK_RECORDS`` or ``CHUNK_BYTES``, rewritten as one chunk under the
 first one's key, so a stream fed one message per turn is still read in
-large chunks.
+large chunks.  A batch of ``FINAL_RECORDS`` or ``FINAL_BYTES`` is large
+enough to read as it is, and is written once: under load, most records go
+through RocksDB's log once, not twice.
 
 Retention removes whole chunks from the head of a partition: by age
 (``max_age_seconds``, never past what a registered reader still needs while
@@ -76,20 +78,28 @@ _STATE = struct.Struct(">QQQ")
 CHUNK_RECORDS = 4096
 CHUNK_BYTES = 1024 * 1024
 CHUNK_PIECES = 256
+# A turn's batch of this many records or bytes is a chunk of its own from the start: merging
+# it would write its records through RocksDB's log a second time.
+FINAL_RECORDS = 256
+FINAL_BYTES = 256 * 1024
 
 # Destinations whose streams are remembered; beyond it the cache starts over.
 ROUTE_CACHE_SIZE = 10_000
+
+
+def _structured(message: Message) -> bool:
+    """Whether a message has a field besides ``persistent`` that its record keeps as a header."""
+    return (
+        message.content_type is not None or message.correlation_id is not None or message.reply_to is not None
+        or message.priority != 4 or message.expiration != 0 or message.group_id is not None
+    )
 
 
 # Message fields kept as record headers, under the names STOMP gives them.
 def record_headers(message: Message) -> dict[str, str]:
     """A record's header map: the message's headers plus its structured fields, when set."""
     headers = message.headers
-    if not (
-        message.persistent or message.content_type is not None or message.correlation_id is not None
-        or message.reply_to is not None or message.priority != 4 or message.expiration
-        or message.group_id is not None
-    ):
+    if not (message.persistent or _structured(message)):
         return headers  # the common case: no copy
     out = dict(headers)
     if message.persistent:
@@ -201,35 +211,69 @@ class Partition:
         stream = self.stream.name
         base = self.written
         timestamps = self._timestamps(messages, now_ms)
+        # The header map column as three flat lists (compiled: no dict or tuple per record).
+        keys: list[str] = []
+        values: list[str] = []
+        ends: list[int] = [0]
+        for m in messages:
+            headers = m.headers
+            if m.persistent and not _structured(m) and "persistent" not in headers:
+                # The common persistent message: its headers and one more, without a copy of them.
+                keys.extend(headers)
+                values.extend(headers.values())
+                keys.append("persistent")
+                values.append("true")
+            else:
+                headers = record_headers(m)
+                keys.extend(headers)
+                values.extend(headers.values())
+            ends.append(len(keys))
         batch = build_batch(
             base, timestamps, [m.destination for m in messages], [m.id for m in messages],
-            [record_headers(m) for m in messages], [m.body for m in messages],
+            ends, keys, values, [m.body for m in messages],
         )
         tail = self.tail
-        tail.append(_Small(base, batch, 0, timestamps[0], timestamps[-1]))
-        self.tail_records += batch.num_rows
-        # The buffers' sizes: nbytes would walk every offset (a fifth of this write, profiled).
-        self.tail_data += batch.get_total_buffer_size()
-        if self.tail_records >= CHUNK_RECORDS or self.tail_data >= CHUNK_BYTES or len(tail) >= CHUNK_PIECES:
-            # Enough small chunks: one chunk under the first one's key, the others deleted.
-            first = tail[0]
-            merged = batch if len(tail) == 1 else pa.concat_batches([t.batch for t in tail])
-            data = encode_chunk(merged, first.first_ts, timestamps[-1])
-            store.put_chunk(stream, self.index, first.base, data)
-            for small in tail[1:-1]:
-                store.delete_chunk(stream, self.index, small.base)
-            self.bytes += len(data) - self.tail_bytes
-            self.tail = []
-            self.tail_records = self.tail_bytes = self.tail_data = 0
-        else:
+        size = batch.get_total_buffer_size()  # not nbytes, which walks every offset (a fifth of this write, profiled)
+        if batch.num_rows >= FINAL_RECORDS or size >= FINAL_BYTES:
+            # Large enough to read well as it is: written once, never rewritten by a merge.
+            if len(tail) > 1:
+                self._merge(store, tail[-1].last_ts)
+            self._forget_tail()
             data = encode_chunk(batch, timestamps[0], timestamps[-1])
             store.put_chunk(stream, self.index, base, data)
-            tail[-1].size = len(data)
-            self.tail_bytes += len(data)
             self.bytes += len(data)
+        else:
+            tail.append(_Small(base, batch, 0, timestamps[0], timestamps[-1]))
+            self.tail_records += batch.num_rows
+            self.tail_data += size
+            if self.tail_records >= CHUNK_RECORDS or self.tail_data >= CHUNK_BYTES or len(tail) >= CHUNK_PIECES:
+                self._merge(store, timestamps[-1])  # this turn's batch, unwritten yet, included
+                self._forget_tail()
+            else:
+                data = encode_chunk(batch, timestamps[0], timestamps[-1])
+                store.put_chunk(stream, self.index, base, data)
+                tail[-1].size = len(data)
+                self.tail_bytes += len(data)
+                self.bytes += len(data)
         self.written = base + len(messages)
         self.save(store)
         return base, messages, timestamps
+
+    def _merge(self, store: Store, last_ts: int) -> None:
+        """The small chunks as one chunk under the first one's key, the others deleted."""
+        tail = self.tail
+        first = tail[0]
+        merged = first.batch if len(tail) == 1 else pa.concat_batches([t.batch for t in tail])
+        data = encode_chunk(merged, first.first_ts, last_ts)
+        store.put_chunk(self.stream.name, self.index, first.base, data)
+        for small in tail[1:]:
+            if small.size:  # a piece not written yet (this turn's) has nothing to delete
+                store.delete_chunk(self.stream.name, self.index, small.base)
+        self.bytes += len(data) - self.tail_bytes
+
+    def _forget_tail(self) -> None:
+        self.tail = []
+        self.tail_records = self.tail_bytes = self.tail_data = 0
 
     def save(self, store: Store) -> None:
         store.put_record(STREAM_STATE_KIND, f"{self.stream.name}\0{self.index}", _STATE.pack(self.first, self.written, self.bytes))

@@ -313,3 +313,26 @@ def test_a_stream_is_not_a_destination_to_send_to(world):
     w = world()
     with pytest.raises(Exception, match="is a stream"):
         w.send("stream://s", b"x")
+
+
+def test_a_large_turn_is_written_once_and_the_small_ones_before_it_merged(world):
+    from core.stream import FINAL_RECORDS
+
+    w = world()
+    for i in range(5):  # a trickle: five small chunks
+        w.send("topic://sensors.a", b"%d" % i)
+        w.turn()
+    puts = []
+    real = w.store.put_chunk
+    w.store.put_chunk = lambda log, p, base, data: puts.append((base, chunk_header(data).count)) or real(log, p, base, data)
+    for i in range(5, 5 + FINAL_RECORDS):
+        w.send("topic://sensors.a", b"%d" % i)
+    w.turn()
+    # The trickle merged under its first offset, the large turn written as it is: each once.
+    assert puts == [(0, 5), (5, FINAL_RECORDS)]
+    w.send("topic://sensors.a", b"%d" % (5 + FINAL_RECORDS))
+    w.turn()
+    counts = [(b, chunk_header(d).count) for b, d in w.store.iter_chunks("s", 0)]
+    assert counts == [(0, 5), (5, FINAL_RECORDS), (5 + FINAL_RECORDS, 1)]
+    assert [int(b) for b in w.records().column("body").to_pylist()] == list(range(6 + FINAL_RECORDS))
+    assert w.stream().partitions[0].bytes == sum(len(d) for _, d in w.store.iter_chunks("s", 0))
