@@ -256,10 +256,6 @@ class Broker:
             self._by_user[user] = self._by_user.get(user, 0) + 1
         return connection
 
-    def user_connections(self, user: str) -> int:
-        """How many connections an authenticated user has open."""
-        return self._by_user.get(user, 0)
-
     def forget_connection(self, connection: Connection) -> None:
         """A connection has closed: it is no longer counted or found by its client id."""
         if self.connections.pop(connection.id, None) is None:
@@ -882,7 +878,10 @@ class Broker:
                 held.restore_paged(seq)
                 size = RECORD_OVERHEAD
             else:
-                message = decode_message(store.get_message(topic, seq))  # type: ignore[arg-type]
+                stored = store.get_message(topic, seq)
+                # (topic, seq) is in topic_stored, read from this store above: the message is there.
+                assert stored is not None
+                message = decode_message(stored)
                 held.restore(Entry(message, seq, redeliveries=1 if seq <= mark else 0))
                 size = len(message.body) + RECORD_OVERHEAD
             if first_ref:

@@ -38,19 +38,9 @@ def name_of(destination: str) -> str:
     return destination.split("://", 1)[1]
 
 
-def is_queue_like(destination: str) -> bool:
-    return destination.startswith("queue://") or destination.startswith("temp-queue://")
-
-
 def topic_levels(name: str) -> tuple[str, ...]:
     """Levels of a canonical topic name (without the scheme)."""
     return tuple(name.split("."))
-
-
-def has_wildcard(destination: str) -> bool:
-    if not destination.startswith("topic://"):
-        return False
-    return any(level in (ONE_LEVEL, ALL_LEVELS) for level in topic_levels(name_of(destination)))
 
 
 def wildcard_level(destination: str) -> str:

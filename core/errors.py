@@ -24,7 +24,3 @@ class SubscriptionError(BrokerError):
 
 class UserLimit(BrokerError):
     """A user already has as many connections as it may (``max_connections_per_user``)."""
-
-
-class AccessDenied(BrokerError):
-    pass

@@ -118,11 +118,6 @@ class MemoryStore(Store):
     def close(self) -> None:
         self._closed = True
 
-    def wipe(self) -> None:
-        self._messages.clear()
-        self._records.clear()
-        self._chunks.clear()
-
     def reopen(self) -> "MemoryStore":
         """The same contents as a fresh store object, as after a restart."""
         other = MemoryStore()

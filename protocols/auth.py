@@ -37,9 +37,3 @@ class Anonymous:
 
     def authenticate(self, credentials: Credentials, answer: Answer) -> None:
         answer(ANONYMOUS, "")
-
-
-def certificate_user(transport: object) -> str | None:
-    """The CN of the client's verified TLS certificate, when its transport can say (TLS listeners)."""
-    get = getattr(transport, "certificate_user", None)
-    return get() if callable(get) else None

@@ -15,3 +15,6 @@ class Transport(Protocol):
 
     def resume_reading(self, reason: str = ...) -> None:
         """Read again once no reason to pause holds any more."""
+
+    def certificate_user(self) -> str | None:
+        """The CN of the client's verified TLS certificate; None without TLS or without a certificate."""

@@ -52,10 +52,10 @@ from protocols.mqtt.names import (
     topic_to_canonical,
 )
 from protocols.mqtt.state import (
-    _MQTT3,
-    _PUBACK,
+    MQTT3_CACHE_KEY,
     NEVER_EXPIRES,
     NO_OPTIONS,
+    PUBACK_HEAD,
     RETAIN_HEADER,
     ClientSession,
     Inflight,
@@ -67,7 +67,7 @@ from protocols.mqtt.state import (
     options_of,
     publish_properties,
 )
-from protocols.auth import Anonymous, Credentials, certificate_user
+from protocols.auth import Anonymous, Credentials
 from protocols.outbox import Outbox
 from protocols.transport import Transport
 
@@ -338,7 +338,7 @@ class MqttSession:
                     self._close()
                 return
         credentials = Credentials(
-            packet.username, packet.password, certificate_user(self.transport), self.remote, PROTOCOL_NAMES[self.level], client_id,
+            packet.username, packet.password, self.transport.certificate_user(), self.remote, PROTOCOL_NAMES[self.level], client_id,
         )
         self.phase = Phase.AUTHENTICATING
         self.hub.authenticator.authenticate(credentials, partial(self._authenticated, packet, client_id, assigned, expiry))
@@ -578,7 +578,7 @@ class MqttSession:
             self.transport.pause_reading("store limit")
             usage.when_space(self._release_hold)
         if qos == 1:
-            live.outbox.add(_PUBACK + pid.to_bytes(2, "big") if self.level < 5 else mq.encode(mq.Puback(pid), 5))
+            live.outbox.add(PUBACK_HEAD + pid.to_bytes(2, "big") if self.level < 5 else mq.encode(mq.Puback(pid), 5))
         elif qos == 2:
             live.client.flows.inbound_qos2[pid] = None
             self.hub.save(live.client)  # in the message's batch, before PUBREC
@@ -684,7 +684,7 @@ class MqttSession:
             if cache is None:
                 cache = message.cache = {}
             dup = bool(qos and entry.redeliveries)
-            key = (_MQTT3, qos, retain, dup)
+            key = (MQTT3_CACHE_KEY, qos, retain, dup)
             parts = cache.get(key)
             if parts is None:
                 topic = self._topic_of(message.destination)

@@ -44,8 +44,8 @@ _INTERNAL_PREFIX = "mqtt-"
 # A CONNECT and CONNACK user property: a gateway's bridge names its broker, and a gateway answers
 # with its own name, so each side knows which broker a message would go back to.
 BROKER_PROPERTY = "gateway-broker"
-_PUBACK = b"\x40\x02"  # a 3.x PUBACK before its packet id
-_MQTT3 = "mqtt3"  # Message.cache key of 3.x PUBLISH bytes
+PUBACK_HEAD = b"\x40\x02"  # a 3.x PUBACK before its packet id
+MQTT3_CACHE_KEY = "mqtt3"  # Message.cache key of 3.x PUBLISH bytes
 
 NEVER_EXPIRES = 0xFFFFFFFF
 

@@ -23,7 +23,7 @@ from core.network import PathFilter
 from core.errors import BrokerError, UnknownDestination, UserLimit
 from core.message import Message
 from core.stream_config import UnknownStream
-from protocols.auth import Anonymous, Authenticator, Credentials, certificate_user
+from protocols.auth import Anonymous, Authenticator, Credentials
 from protocols.outbox import Outbox
 from protocols.stomp import names
 from protocols.stomp.codec import (
@@ -307,7 +307,7 @@ class StompSession:
         passcode = headers.get("passcode")
         credentials = Credentials(
             headers.get("login"), None if passcode is None else passcode.encode("utf-8", "surrogateescape"),
-            certificate_user(self.transport), self.remote, f"stomp/{version}", client_id,
+            self.transport.certificate_user(), self.remote, f"stomp/{version}", client_id,
         )
         self.phase = Phase.AUTHENTICATING
         self.authenticator.authenticate(credentials, partial(self._authenticated, frame))
@@ -343,6 +343,8 @@ class StompSession:
         headers = frame.headers
         version = self.version
         client_id = headers.get("client-id") or None
+        # Asked again after the password check: another connection may have taken the id
+        # while the authenticator answered (a slow hash runs off the reactor thread).
         if client_id is not None and self.broker.client_connected(client_id):
             raise StompError("Client id in use", f"client-id {client_id!r} is already connected")
         if self._connect_timer is not None and self._connect_timer.active():

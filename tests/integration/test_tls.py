@@ -30,7 +30,6 @@ from websockets.sync.client import connect as ws_connect
 from gateway.config import ConfigError, load
 from gateway.server import Gateway
 from gateway.tls import TlsError
-from protocols.auth import certificate_user
 from protocols.stomp.codec import encode_frame
 from tests.integration.test_websocket import stomp_connect, stomp_frames
 from tests.support import (
@@ -131,8 +130,8 @@ def still_serving(handle, certs, body: str) -> None:
 
 
 def users(handle) -> list[str]:
-    """What ``protocols.auth.certificate_user`` (the sessions' hook) says for each open connection."""
-    return handle.inspect(lambda: sorted((certificate_user(s.transport) or "-") for s in handle.gateway.sessions()))
+    """What each open connection's transport says of its client certificate (what the sessions ask)."""
+    return handle.inspect(lambda: sorted((s.transport.certificate_user() or "-") for s in handle.gateway.sessions()))
 
 
 def refused(sock: ssl.SSLSocket, data: bytes = encode_frame("CONNECT", [("accept-version", "1.2"), ("host", "x")])) -> bool:

@@ -1,6 +1,6 @@
 import pytest
 
-from core.destination import InvalidDestination, has_wildcard, kind_of, validate, wildcard_level
+from core.destination import InvalidDestination, kind_of, validate, wildcard_level
 
 
 def test_kinds():
@@ -13,7 +13,7 @@ def test_kinds():
 
 def test_wildcards_only_where_allowed():
     assert validate("topic://a.*.c", allow_wildcards=True)
-    assert has_wildcard("topic://a.>")
+    assert wildcard_level("topic://a.>") == ">"
     with pytest.raises(InvalidDestination):
         validate("topic://a.*", allow_wildcards=False)
     with pytest.raises(InvalidDestination):

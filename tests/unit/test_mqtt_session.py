@@ -42,6 +42,9 @@ class FakeTransport:
     def resume_reading(self, reason: str = "") -> None:
         self.paused.discard(reason)
 
+    def certificate_user(self) -> str | None:
+        return None
+
 
 class Client:
     """One network connection to the broker, as its client sees it."""

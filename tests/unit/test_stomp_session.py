@@ -8,15 +8,27 @@ from protocols.stomp.session import StompSession, StompSettings
 
 
 class FakeTransport:
+    """What a session needs of its transport (protocols/transport.py), recorded."""
+
     def __init__(self):
         self.data = b""
         self.closed = False
+        self.paused = set()
 
     def write(self, data):
         self.data += data
 
     def close(self):
         self.closed = True
+
+    def pause_reading(self, reason=""):
+        self.paused.add(reason)
+
+    def resume_reading(self, reason=""):
+        self.paused.discard(reason)
+
+    def certificate_user(self):
+        return None
 
 
 def session(**settings):
@@ -158,15 +170,7 @@ class LaterAuthenticator:
 
 
 class Paused(FakeTransport):
-    def __init__(self):
-        super().__init__()
-        self.paused = set()
-
-    def pause_reading(self, reason=""):
-        self.paused.add(reason)
-
-    def resume_reading(self, reason=""):
-        self.paused.discard(reason)
+    """A transport a test watches being paused (FakeTransport records it)."""
 
 
 def authenticated_session(authenticator, access=None):
