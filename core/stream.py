@@ -55,6 +55,7 @@ from core.records import (
     build_batch,
     chunk_batch,
     chunk_header,
+    clean_headers,
     chunk_message,
     encode_chunk,
     serialize,
@@ -211,27 +212,27 @@ class Partition:
         stream = self.stream.name
         base = self.written
         timestamps = self._timestamps(messages, now_ms)
-        # The header map column as three flat lists (compiled: no dict or tuple per record).
-        keys: list[str] = []
-        values: list[str] = []
-        ends: list[int] = [0]
+        # The distinct header maps and which one each record has (see build_batch).
+        maps: list[dict[str, str]] = []
+        index: list[int] = []
+        last: dict[str, str] | None = None
         for m in messages:
-            headers = m.headers
-            if m.persistent and not _structured(m) and "persistent" not in headers:
-                # The common persistent message: its headers and one more, without a copy of them.
-                keys.extend(headers)
-                values.extend(headers.values())
-                keys.append("persistent")
-                values.append("true")
-            else:
-                headers = record_headers(m)
-                keys.extend(headers)
-                values.extend(headers.values())
-            ends.append(len(keys))
-        batch = build_batch(
-            base, timestamps, [m.destination for m in messages], [m.id for m in messages],
-            ends, keys, values, [m.body for m in messages],
-        )
+            headers = record_headers(m)
+            if last is None or (headers is not last and headers != last):
+                maps.append(headers)
+                last = headers
+            index.append(len(maps) - 1)
+        try:
+            batch = build_batch(
+                base, timestamps, [m.destination for m in messages], [m.id for m in messages],
+                maps, index if len(maps) < len(messages) else None, [m.body for m in messages],
+            )
+        except UnicodeEncodeError:
+            batch = build_batch(
+                base, timestamps, [m.destination for m in messages], [m.id for m in messages],
+                [clean_headers(h) for h in maps], index if len(maps) < len(messages) else None,
+                [m.body for m in messages],
+            )
         tail = self.tail
         size = batch.get_total_buffer_size()  # not nbytes, which walks every offset (a fifth of this write, profiled)
         if batch.num_rows >= FINAL_RECORDS or size >= FINAL_BYTES:

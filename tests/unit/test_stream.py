@@ -336,3 +336,15 @@ def test_a_large_turn_is_written_once_and_the_small_ones_before_it_merged(world)
     assert counts == [(0, 5), (5, FINAL_RECORDS), (5 + FINAL_RECORDS, 1)]
     assert [int(b) for b in w.records().column("body").to_pylist()] == list(range(6 + FINAL_RECORDS))
     assert w.stream().partitions[0].bytes == sum(len(d) for _, d in w.store.iter_chunks("s", 0))
+
+
+def test_a_lone_surrogate_becomes_a_replacement_character_not_a_lost_turn(world):
+    # MQTT names are decoded with surrogateescape: Arrow's UTF-8 cannot hold the byte as it is.
+    w = world()
+    w.send("topic://sensors.bad\udcff", b"x", headers={"h\udcfd": "v\udcfe"})
+    w.send("topic://sensors.good", b"y")
+    w.turn()
+    table = w.records()
+    assert table.column("destination").to_pylist() == ["topic://sensors.bad\ufffd", "topic://sensors.good"]
+    assert table.column("headers")[0].as_py() == [("h\ufffd", "v\ufffd")]
+    assert table.column("body").to_pylist() == [b"x", b"y"]
