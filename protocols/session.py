@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from protocols.admission import Refusal
+from protocols.lifecycle import CloseReason
 
 
 class Decoder(Protocol):
@@ -25,8 +26,9 @@ class Session(Protocol):
     def label(self) -> str:
         """Who, for log lines: the peer's address, and the client id once connected."""
 
-    # Why the session ended ("normal", "error", "shutdown"), for WebSocket close codes.
-    close_reason: str
+    # Why the session ended, for WebSocket close codes.
+    @property
+    def close_reason(self) -> CloseReason: ...
 
     def data_received(self, data: bytes) -> None: ...
 

@@ -28,6 +28,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from protocols.adapter import ConnectionGuard, Guarded
+from protocols.lifecycle import CloseReason
 from protocols.session import Session
 from protocols.twisted_types import connected
 
@@ -41,6 +42,7 @@ _SUBPROTOCOL_LIST = ", ".join(STOMP_SUBPROTOCOLS + MQTT_SUBPROTOCOLS)
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_PROTOCOL_ERROR = 1002
+_CLOSE_CODES = {CloseReason.ERROR: CLOSE_PROTOCOL_ERROR, CloseReason.SHUTDOWN: CLOSE_GOING_AWAY}  # else CLOSE_NORMAL
 
 # Seconds a client has to answer the broker's Close frame before its TCP
 # connection is aborted (autobahn's default).  Timed on the reactor: autobahn's
@@ -190,12 +192,12 @@ class GatewayWebSocketProtocol(Guarded, WebSocketServerProtocol):  # type: ignor
         connected(self.transport).resumeProducing()
 
     def close(self) -> None:
-        reason = "normal" if self.session is None else self.session.close_reason
-        code = {"error": CLOSE_PROTOCOL_ERROR, "shutdown": CLOSE_GOING_AWAY}.get(reason, CLOSE_NORMAL)
+        reason = CloseReason.NORMAL if self.session is None else self.session.close_reason
+        code = _CLOSE_CODES.get(reason, CLOSE_NORMAL)
         self._unregister(connected(self.transport))
         # sendClose admits only 1000 and 3000-4999 (application codes); a server
         # may also say 1001 going away and 1002 protocol error (RFC 6455 7.4.1).
-        self.sendCloseFrame(code=code, reasonUtf8=reason.encode(), isReply=False)
+        self.sendCloseFrame(code=code, reasonUtf8=reason.value.encode(), isReply=False)
 
     # IPushProducer, as on TCP: a full socket pauses this client's deliveries.
     def pauseProducing(self) -> None:

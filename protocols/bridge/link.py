@@ -6,7 +6,7 @@ CONNECT and waits ``CONNECT_TIMEOUT`` for the answer; it closes by itself
 reconnects after its backoff.  While the socket to the remote is full, the
 bridge's connection has no credit (its consumers stop); while the local store
 is full, nothing more is read from the remote, which keeps what it has not
-been told is stored.
+been told is stored (the producers' ``ProducerHold``, protocols/lifecycle.py).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from zope.interface import implementer
 
 from core.consumer import Consumer
 from protocols.bridge.bridge import Bridge
+from protocols.lifecycle import ProducerHold
 from protocols.twisted_types import connected
 
 log = Logger(namespace="gateway.bridge")
@@ -41,7 +42,7 @@ class Link(protocol.Protocol):
         self.lost = False
         self.last_in = 0.0
         self._timer: Any = None
-        self._paused_for_store = False
+        self.hold: ProducerHold | None = None  # reading paused while the store is full
 
     def opened(self, connect: bytes) -> None:
         """From connectionMade: send the CONNECT and wait for its answer."""
@@ -123,20 +124,28 @@ class Link(protocol.Protocol):
         pass
 
     def hold_if_full(self) -> None:
-        """At the store limit or the disk's floor: read nothing more from the remote until there is room."""
-        usage = self.bridge.broker.store_usage
-        if usage.full and not self._paused_for_store and not self.lost:
-            self._paused_for_store = True
-            connected(self.transport).pauseProducing()
-            self.clock.callLater(1.0, self._retry_hold)
+        """At the store limit or the disk's floor: read nothing more from the remote until there is room.
 
-    def _retry_hold(self) -> None:
-        if self.lost:
-            return
-        if self.bridge.broker.store_usage.full:
-            self.clock.callLater(1.0, self._retry_hold)
-            return
-        self._paused_for_store = False
+        The producers' hold (protocols/lifecycle.py), with the link's own test: it
+        refuses nothing, since the remote keeps what it has not been told is stored.
+        """
+        usage = self.bridge.broker.store_usage
+        if usage.full and self.hold is None and not self.lost:
+            self.hold = ProducerHold(self, self, usage, log, "link")
+
+    # What the hold sees of a link.
+    @property
+    def closed(self) -> bool:
+        return self.lost
+
+    @property
+    def label(self) -> str:
+        return f"bridge {self.bridge.name}"
+
+    def pause_reading(self, reason: str = "store limit") -> None:
+        connected(self.transport).pauseProducing()
+
+    def resume_reading(self, reason: str = "store limit") -> None:
         connected(self.transport).resumeProducing()
 
 

@@ -3,7 +3,10 @@
 The codec only turns bytes into frames and frames into bytes: it knows
 nothing about sockets, Twisted, sessions or which command is legal when.
 Keeping it pure lets the session layer and the tests drive it with plain
-bytes, and keeps the hot path free of framework overhead.
+bytes, and keeps the hot path free of framework overhead.  This module is
+its public face and its reading half (``StompDecoder``); the writing half,
+``encode_frame`` and the MESSAGE a fan-out shares (``message_tail``), is in
+``protocols.stomp.encoding``, as h11 keeps its writers in ``_writers.py``.
 
 Parsing is deliberately lenient where real clients differ (CR before any LF
 in every version, heart-beat EOLs anywhere between frames) and strict where
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from protocols.stomp.encoding import UNESCAPED_COMMANDS, encode_frame, escape_header, message_tail
 
 __all__ = [
     "SERVER_COMMANDS",
@@ -26,6 +29,7 @@ __all__ = [
     "StompDecoder",
     "encode_frame",
     "escape_header",
+    "message_tail",
     "unescape_header",
 ]
 
@@ -46,9 +50,6 @@ CLIENT_COMMANDS = frozenset(
     }
 )
 
-# The spec exempts these from header escaping so that a client can connect
-# before any version (and therefore any escaping scheme) has been agreed.
-_UNESCAPED_COMMANDS = frozenset({"CONNECT", "STOMP", "CONNECTED"})
 _CONNECT_COMMANDS = frozenset({"CONNECT", "STOMP"})
 
 _UNESCAPES: dict[str, dict[str, str] | None] = {
@@ -180,89 +181,6 @@ def unescape_header(value: str, version: str) -> str:
     if table is None or "\\" not in value:
         return value
     return _unescape(value, table)
-
-
-def escape_header(value: str, version: str) -> str:
-    """Escape a header name or value for ``version``.
-
-    1.1 has no CR escape, so CR is passed through there; 1.0 has no escaping
-    at all.
-    """
-    if version == "1.2":
-        if "\\" in value:
-            value = value.replace("\\", "\\\\")
-        if "\n" in value:
-            value = value.replace("\n", "\\n")
-        if ":" in value:
-            value = value.replace(":", "\\c")
-        if "\r" in value:
-            value = value.replace("\r", "\\r")
-        return value
-    if version == "1.1":
-        if "\\" in value:
-            value = value.replace("\\", "\\\\")
-        if "\n" in value:
-            value = value.replace("\n", "\\n")
-        if ":" in value:
-            value = value.replace(":", "\\c")
-        return value
-    if version == "1.0":
-        return value
-    raise ValueError(f"unknown STOMP version {version!r}")
-
-
-def encode_frame(
-    command: str,
-    headers: Iterable[tuple[str, str]] | dict[str, str] = (),
-    body: bytes = b"",
-    version: str = "1.2",
-) -> bytes:
-    """Serialise one frame.
-
-    Header order and duplicates are preserved because the caller may rely
-    on first-wins semantics at the receiver.  content-length is not added
-    implicitly: whether to send it is the session's decision.
-
-    Where no escaping applies (version 1.0, or CONNECT/STOMP/CONNECTED) a
-    header containing LF (or a name containing ':') cannot be represented;
-    it raises ValueError rather than letting one peer inject headers or
-    frames into another peer's stream.
-    """
-    if "\n" in command:
-        raise ValueError(f"command {command!r} contains LF")
-    items = headers.items() if isinstance(headers, dict) else headers
-    parts = [command, "\n"]
-    append = parts.append
-    if version != "1.0" and command not in _UNESCAPED_COMMANDS:
-        if version == "1.2":
-            for name, value in items:
-                append(escape_header(name, "1.2"))
-                append(":")
-                append(escape_header(value, "1.2"))
-                append("\n")
-        elif version == "1.1":
-            for name, value in items:
-                append(escape_header(name, "1.1"))
-                append(":")
-                append(escape_header(value, "1.1"))
-                append("\n")
-        else:
-            raise ValueError(f"unknown STOMP version {version!r}")
-    else:
-        if version not in _UNESCAPES:
-            raise ValueError(f"unknown STOMP version {version!r}")
-        for name, value in items:
-            if "\n" in name or ":" in name or "\n" in value:
-                raise ValueError(
-                    f"header {name!r}:{value!r} cannot be sent unescaped "
-                    f"(version {version}, command {command})"
-                )
-            append(name)
-            append(":")
-            append(value)
-            append("\n")
-    append("\n")
-    return b"".join(("".join(parts).encode("utf-8"), body, b"\0"))
 
 
 class StompDecoder:
@@ -438,7 +356,7 @@ class StompDecoder:
                     headers = {}
                     it = iter(lines)
                     next(it)
-                    if table is None or "\\" not in text or cmd in _UNESCAPED_COMMANDS:
+                    if table is None or "\\" not in text or cmd in UNESCAPED_COMMANDS:
                         for line in it:
                             name, sep, value = line.partition(":")
                             if not (sep and name):

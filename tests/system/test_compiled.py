@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # About two minutes of the suite's budget; the whole suite runs on the pure path.
 SUBSET = [
     *(f"tests/unit/test_{name}.py" for name in (
-        "broker", "connection", "deadlines", "destination", "message", "mqtt_codec", "mqtt_codec_layers",
-        "mqtt_session", "mqtt_state", "outbox", "queue", "stomp_codec", "stomp_session", "topic", "trie", "turn",
+        "broker", "connection", "deadlines", "destination", "duplicates", "lifecycle", "message", "mqtt_codec",
+        "mqtt_codec_layers", "mqtt_session", "mqtt_state", "outbox", "queue", "stomp_codec", "stomp_session",
+        "stream", "topic", "trie", "turn",
     )),
     *(f"tests/integration/test_{name}.py" for name in (
         "stomp_acks", "stomp_topics", "stomp_transactions", "stomp_bad_input", "mqtt_v311", "mqtt_v5",

@@ -927,3 +927,54 @@ def test_a_will_the_user_may_not_publish_refuses_the_connect(level):
     (connack,) = c.received()
     assert connack.reason_code == (ReasonCode.NOT_AUTHORIZED if level == 5 else mq.ConnackReturnCode.NOT_AUTHORIZED)
     assert c.closed
+
+
+# -- the shared lifecycle: producer flow control, why a session ended ----------------------------
+
+
+@BOTH
+def test_a_stored_publish_while_the_store_is_full_holds_the_publisher_until_there_is_room(world, level):
+    keeper = world.subscriber("keeper", "t/#", 1, level, **persistent(level))  # its messages are stored
+    pub = world.connected("pub", level)
+    usage = world.broker.store_usage
+    usage.set_alarm("Disk space low", "free disk space is below the floor")
+    pub.send(mq.Publish("t/0", b"at qos 0: not stored for the publisher's sake", 0, False))
+    assert pub.transport.paused == set() and pub.session.hold is None
+    pub.send(mq.Publish("t/1", b"stored", 1, False, packet_id=1))
+    assert pub.transport.paused == {"store limit"} and pub.session.hold is not None
+    assert pub.received() == [mq.Puback(1)]  # accepted: what was read is handled, only reading stops
+    usage.set_alarm("", None)
+    assert pub.transport.paused == set() and pub.session.hold is None
+    assert [p.payload for p in keeper.received()][-1] == b"stored"
+
+
+@BOTH
+def test_under_the_fail_policy_a_qos_publish_is_refused_while_the_store_is_full(level):
+    from core.policy import Policy
+
+    world = World()
+    world.broker.policy = Policy(store_full_policy="fail")
+    pub = world.connected("pub", level)
+    world.broker.store_usage.set_alarm("Disk space low", "free disk space is below the floor")
+    pub.send(mq.Publish("t/1", b"refused", 1, False, packet_id=1))
+    if level == 5:
+        assert pub.received() == [mq.Puback(1, ReasonCode.QUOTA_EXCEEDED, {"reason_string": "free disk space is below the floor"})]
+        assert not pub.closed
+    else:
+        assert pub.closed  # 3.1.1 has no way to say so but the close
+    assert pub.transport.paused == set()
+
+
+def test_why_a_session_ended_is_kept_for_the_websocket_close_frame(world):
+    from protocols.lifecycle import CloseReason
+
+    clean, broken, stopped, operated = (world.connected(name, 5) for name in ("clean", "broken", "stopped", "operated"))
+    clean.send(mq.Disconnect())
+    broken.send(mq.Connect("MQTT", 5, True, 0, "again"))
+    stopped.session.shutdown()
+    operated.session.close_by_admin("maintenance")
+    assert [c.session.close_reason for c in (clean, broken, stopped, operated)] == [
+        CloseReason.NORMAL, CloseReason.ERROR, CloseReason.SHUTDOWN, CloseReason.ADMIN,
+    ]
+    assert all(c.closed for c in (clean, broken, stopped, operated))
+    assert world.client().session.gate is not None and clean.session.gate is None  # kept only until CONNECT

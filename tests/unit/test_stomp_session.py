@@ -297,3 +297,131 @@ def test_a_subscription_to_the_denied_topic_itself_is_still_refused():
         assert error.headers["message"] == "Access denied" and f"read access to {destination}".encode() in error.body
         assert t.closed
     assert not rules._listening  # the readers of closed sessions are forgotten by the rules
+
+
+# -- heart-beats on the shared heap of deadlines (protocols/deadlines.py) ---------------------------
+
+
+def heartbeating(clock, broker, heart_beat, **settings):
+    transport = FakeTransport()
+    s = StompSession(broker, transport, StompSettings(**settings), "test")
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2", "heart-beat": heart_beat}.items()))
+    (connected,) = frames(transport)
+    transport.data = b""
+    return s, transport, connected.headers["heart-beat"]
+
+
+def test_a_client_that_stops_sending_is_dropped_after_the_negotiated_grace():
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock)
+    s, t, agreed = heartbeating(clock, broker, "2000,0", heartbeat_receive_ms=1000, heartbeat_grace=2.0)
+    assert agreed == "0,2000"  # it sends every 2 s at most: silence is allowed for 2 x 2 s
+    clock.advance(3.9)
+    s.data_received(b"\n")  # its heart-beat: the 4 s start again
+    clock.advance(4.0)
+    assert not t.closed  # silent for exactly the grace: not more
+    clock.advance(0.01)
+    assert t.closed and s.closed
+    (error,) = frames(t)
+    assert error.headers["message"] == "Heart-beat timeout" and error.body == b"nothing received for 4.0 s"
+
+
+def elapse(clock, seconds, step=0.125):
+    """Let ``seconds`` pass in small steps, as a running reactor would (Clock.advance runs what is due at the
+    end); steps a float holds exactly, so the sums land on the deadlines."""
+    for _ in range(round(seconds / step)):
+        clock.advance(step)
+
+
+def test_a_server_heart_beat_is_sent_at_the_interval_and_only_when_nothing_else_was():
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock)
+    s, t, agreed = heartbeating(clock, broker, "0,3000", heartbeat_send_ms=1000)
+    assert agreed == "3000,0"
+    elapse(clock, 2.875)
+    assert t.data == b""
+    elapse(clock, 0.125)
+    assert t.data == b"\n"  # at the interval after CONNECTED
+    elapse(clock, 1.0)
+    s.data_received(encode_frame("SEND", {"destination": "/queue/q", "receipt": "r"}.items()))  # the RECEIPT is written at 4 s
+    t.data = b""
+    elapse(clock, 2.875)
+    assert t.data == b""  # the RECEIPT was as good as a heart-beat: none at 6 s
+    elapse(clock, 0.125)
+    assert t.data == b"\n" and not t.closed  # at 7 s, the interval after the RECEIPT
+
+
+def test_heart_beats_of_many_connections_share_one_timer_and_a_closed_one_keeps_none():
+    from protocols import deadlines
+
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock)
+    timers = len(clock.getDelayedCalls())  # the broker's own, and the connect timers of none yet
+    sessions = [heartbeating(clock, broker, "10000,10000")[0] for _ in range(50)]
+    assert len(clock.getDelayedCalls()) == timers + 1  # one for all of them, not one each
+    heap = deadlines.shared(clock)
+    assert len(heap) == 50
+    clock.advance(10.0)  # each owes a heart-beat: one firing writes all fifty
+    assert all(s.transport.data == b"\n" for s in sessions)
+    assert len(clock.getDelayedCalls()) == timers + 1
+    for s in sessions:
+        s.connection_lost()
+    assert len(clock.getDelayedCalls()) == timers and len(heap) == 0  # nothing watched: no timer, no entries
+    assert deadlines.shared(clock) is not heap  # and the clock is not held by a heap any more
+
+
+def test_no_heart_beat_deadline_when_none_was_agreed():
+    from protocols import deadlines
+
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock)
+    timers = len(clock.getDelayedCalls())
+    s, t, agreed = heartbeating(clock, broker, "0,0")
+    assert agreed == "0,0" and len(clock.getDelayedCalls()) == timers and len(deadlines.shared(clock)) == 0
+
+
+# -- the shared lifecycle: the connect timer, producer flow control, why a session ended -----------
+
+
+def test_no_connect_in_time_is_an_error_and_a_connected_client_keeps_no_timer():
+    from protocols.lifecycle import CloseReason
+
+    s, t, clock = session(connect_timeout=5.0)
+    clock.advance(5.0)
+    (error,) = frames(t)
+    assert error.headers["message"] == "Connect timeout" and t.closed and s.close_reason is CloseReason.ERROR
+    s, t, clock = session(connect_timeout=5.0)
+    timers = len(clock.getDelayedCalls())
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2"}.items()))
+    assert len(clock.getDelayedCalls()) == timers - 1 and s.gate is None  # the opening is over
+    clock.advance(60)
+    assert not t.closed and s.close_reason is CloseReason.NORMAL
+
+
+def test_a_persistent_send_while_the_store_is_full_holds_the_producer_until_there_is_room():
+    s, t, _ = session()
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2"}.items()))
+    usage = s.broker.store_usage
+    usage.set_alarm("Disk space low", "free disk space is below the floor")
+    s.data_received(encode_frame("SEND", {"destination": "/queue/q", "persistent": "true"}.items(), b"stored"))
+    assert t.paused == {"store limit"} and s.hold is not None
+    s.data_received(encode_frame("SEND", {"destination": "/queue/q"}.items(), b"read before the pause took"))
+    usage.set_alarm("", None)
+    assert t.paused == set() and s.hold is None and not t.closed
+
+
+def test_under_the_fail_policy_a_persistent_send_is_refused_while_the_store_is_full():
+    from core.policy import Policy
+
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock, Policy(store_full_policy="fail"))
+    t = FakeTransport()
+    s = StompSession(broker, t, StompSettings(), "test")
+    s.data_received(encode_frame("CONNECT", {"accept-version": "1.2"}.items()))
+    broker.store_usage.set_alarm("Disk space low", "free disk space is below the floor")
+    s.data_received(encode_frame("SEND", {"destination": "/queue/q"}.items(), b"not persistent: taken"))
+    s.data_received(encode_frame("SEND", {"destination": "/queue/q", "persistent": "true"}.items(), b"refused"))
+    connected, error = frames(t)
+    assert (error.headers["message"], error.body) == ("Disk space low", b"free disk space is below the floor")
+    assert t.closed and t.paused == set()
+    assert [e.message.body for e in broker.queues["queue://q"].messages()] == [b"not persistent: taken"]
