@@ -136,13 +136,6 @@ def _options(raw: bool = True) -> Options:
     # and the meta family fills its memtable slowly: without a bound, logs of
     # long-acknowledged messages held hundreds of MiB (4 x every family's memtables).
     options.set_max_total_wal_size(64 * 1024 * 1024)
-    # Write-ahead log files are reused instead of deleted and created: a write into
-    # blocks already allocated leaves the file's size as it was, so the fdatasync that
-    # every receipt and PUBACK waits for does not also commit the file system's journal
-    # (median 0.15 -> 0.10 ms, p90 0.4 -> 0.2 ms on this machine's ext4).  Supported with
-    # point-in-time recovery (RocksDB's default, kept) since RocksDB 9.1 (rocksdb#12403),
-    # and from 0 on an existing store since 9.3 (rocksdb#12591); rocksdict ships 9.8.
-    options.set_recycle_log_file_num(4)
     return options
 
 
