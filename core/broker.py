@@ -39,6 +39,7 @@ from core.storage import (
     stored_size,
 )
 from core.stream_config import NoStreams, StreamSpec
+from core.stream_history import StreamHistory
 from core.topic import MessageFilter, Options, Subscription, TopicSpace, VirtualTopics
 from core.turn import Defer, TurnEnd
 from persistence.store import Store, StoreUnavailable
@@ -139,6 +140,8 @@ class Broker:
             self.streams = StreamSet(list(streams), store, self.now_ms)
         self._retention: Any = None
         self.history = TrafficHistory(self.policy.traffic_history_interval)
+        # Partition ends and reader lag, sampled in the same job (core/stream_history.py).
+        self.stream_history = StreamHistory(self.policy.traffic_history_interval)
         self._history_call: Any = None
         # Protocol name -> its persistent sessions, for operators (registered by the protocol).
         self.sessions: dict[str, SessionKeeper] = {}
@@ -201,10 +204,17 @@ class Broker:
             self._retention = self.clock.callLater(interval, self._apply_retention)
 
     def _sample_traffic(self) -> None:
-        """One sample of the totals into the history (the first at start), then the next in ``interval``."""
+        """One sample of the totals into the history (the first at start), then the next in ``interval``;
+        the streams' partition ends and readers' lag are sampled with them."""
         received, sent = self.traffic_totals()
-        self.history.add(self.now_ms(), received, sent)
+        now = self.now_ms()
+        self.history.add(now, received, sent)
         self._history_call = self.clock.callLater(self.history.interval, self._sample_traffic)
+        if self.streams.active:
+            try:
+                self.stream_history.sample(self.streams.streams, now)
+            except Exception:
+                log.failure("stream history: a sample failed")
 
     def _apply_retention(self) -> None:
         try:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -63,8 +63,13 @@ from core.records import (
 from core.trie import filter_matches
 from persistence.store import Store
 
-if TYPE_CHECKING:
-    from core.stream_feed import StreamFeed
+
+
+class Follower(Protocol):
+    """Whatever follows a stream's writes: a consumer's feed (core/stream_feed.py), a long poll."""
+
+    def appended(self, partition: int, base: int, messages: list[Message], timestamps: list[int]) -> None:
+        """A batch of ``partition`` from offset ``base`` is on disk."""
 
 log = Logger(namespace="gateway.core.stream")
 
@@ -321,13 +326,13 @@ class Stream:
         self.partitions = [Partition(self, i) for i in range(spec.partitions)]
         self.filters = [(d.partition("://")[0], dest.topic_levels(dest.name_of(d))) for d in spec.destinations]
         self.readers: dict[str, Reader] = {}
-        self.feeds: set["StreamFeed"] = set()
+        self.feeds: set[Follower] = set()
 
-    def add_feed(self, feed: StreamFeed) -> None:
-        """A consumer following this stream: told of each written batch (``StreamFeed.appended``)."""
+    def add_feed(self, feed: Follower) -> None:
+        """Something following this stream: told of each written batch (``Follower.appended``)."""
         self.feeds.add(feed)
 
-    def remove_feed(self, feed: StreamFeed) -> None:
+    def remove_feed(self, feed: Follower) -> None:
         self.feeds.discard(feed)
 
     def matches(self, destination: str) -> bool:

@@ -2,6 +2,7 @@
 
     python -m spark.bench backfill --start-broker            # publish, then read it all back
     python -m spark.bench live --start-broker                # MQTT devices publish while a query follows
+    python -m spark.bench idle --start-broker --queries 10   # what idle queries cost the broker
 
 ``backfill`` publishes N records (unless ``--no-publish``), then reads the
 whole stream into Spark's ``noop`` sink as a batch and as an AvailableNow
@@ -10,7 +11,13 @@ publishers (processes of their own) send ``--rate`` messages/s for
 ``--seconds``, and reports the rates, the query's lag behind the stream
 (sampled each second) and the publish-to-row latency (p50/p99: from the
 send time each payload carries to the row reaching the query's
-``foreachBatch`` on the driver).  The target on the 2-core reference machine is
+``foreachBatch`` on the driver).  ``idle`` runs ``--queries`` streaming
+queries on a stream nobody publishes to and reports the broker's CPU over
+``--seconds`` (its ``/proc/PID/stat``, so the broker must run on this
+machine: ``--start-broker``, or ``--broker-pid``) and its HTTP requests per
+second (``gateway_http_requests_total``).  ``--wait-ms`` sets the queries'
+``latestOffsetWaitMs`` (0: ask without waiting, as before the long poll).
+The target on the 2-core reference machine is
 500,000 rows/s for 64-byte bodies, broker and Spark together.  Like the
 rest of ``spark/`` this imports nothing of the broker; ``--start-broker``
 runs ``python -m gateway.cli run`` as a separate process.
@@ -189,8 +196,10 @@ def live(args: argparse.Namespace, url: str, mqtt: tuple[str, int]) -> None:
             latencies.extend(pa.compute.subtract(pa.scalar(now, pa.int64()), sent).chunks)
             rows[0] += table.num_rows
 
-    query = (spark.readStream.format("gateway").option("url", url).option("stream", args.stream)
-             .option("startingOffsets", "latest").load()
+    reader = spark.readStream.format("gateway").option("url", url).option("stream", args.stream)
+    if args.wait_ms is not None:
+        reader = reader.option("latestOffsetWaitMs", str(args.wait_ms))
+    query = (reader.option("startingOffsets", "latest").load()
              .writeStream.foreachBatch(measure).option("checkpointLocation", checkpoint)
              .trigger(processingTime=f"{args.trigger_ms} milliseconds").start())
     while not query.recentProgress:  # planned its first batch: publishing starts now
@@ -247,9 +256,57 @@ def live(args: argparse.Namespace, url: str, mqtt: tuple[str, int]) -> None:
               f"p90 {durations[len(durations) * 9 // 10]}, max {durations[-1]}")
 
 
+# -- idle: what queries with nothing to read cost the broker ------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/PID/stat (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def http_requests(url: str) -> float:
+    """The broker's admin requests answered so far (gateway_http_requests_total, every series)."""
+    with BrokerClient(url) as client:
+        status, _, data = client.request("GET", "/metrics")
+    if status != 200:
+        raise SystemExit(f"bench: GET {url}/metrics answered {status}")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in data.decode().splitlines()
+               if line.startswith("gateway_http_requests_total{"))
+
+
+def idle(args: argparse.Namespace, url: str, pid: int) -> None:
+    """``--queries`` streaming queries on a stream nobody writes to; the broker's CPU and requests over ``--seconds``."""
+    spark = _session(args.cores)
+    queries = []
+    for _ in range(args.queries):
+        reader = spark.readStream.format("gateway").option("url", url).option("stream", args.stream)
+        if args.wait_ms is not None:
+            reader = reader.option("latestOffsetWaitMs", str(args.wait_ms))
+        queries.append(reader.load().writeStream.format("noop")
+                       .option("checkpointLocation", tempfile.mkdtemp(prefix="gateway-bench-cp-")).start())
+    while not all(q.recentProgress for q in queries):  # every query past its first batch
+        time.sleep(0.1)
+    time.sleep(args.warmup)
+    cpu, requests, start = cpu_seconds(pid), http_requests(url), time.perf_counter()
+    time.sleep(args.seconds)
+    cpu, requests = cpu_seconds(pid) - cpu, http_requests(url) - requests - 1  # less this scrape
+    elapsed = time.perf_counter() - start
+    stopping = time.perf_counter()
+    for q in queries:
+        q.stop()
+    stopped = (time.perf_counter() - stopping) / len(queries)
+    spark.stop()
+    wait = "default" if args.wait_ms is None else f"{args.wait_ms} ms"
+    print(f"{args.queries} idle quer{'y' if args.queries == 1 else 'ies'} (latestOffsetWaitMs {wait}) for {elapsed:.0f} s: "
+          f"broker CPU {100 * cpu / elapsed:.2f}% of a core, {requests / elapsed:.1f} HTTP requests/s; "
+          f"query.stop() took {stopped:.2f} s on average")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("backfill", "live"))
+    parser.add_argument("mode", choices=("backfill", "live", "idle"))
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running broker's admin URL, e.g. http://127.0.0.1:8161")
     where.add_argument("--start-broker", action="store_true", help="run a broker of its own in a temporary directory")
@@ -260,11 +317,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-publish", action="store_true", help="backfill: read what the stream already holds")
     parser.add_argument("--runs", type=int, default=3, help="backfill: timed batch reads")
     parser.add_argument("--min-partitions", type=int, default=0)
-    parser.add_argument("--seconds", type=float, default=60.0, help="live: how long the publishers publish")
+    parser.add_argument("--seconds", type=float, default=60.0, help="live: how long the publishers publish; idle: "
+                        "how long the broker's CPU is measured")
     parser.add_argument("--rate", type=float, default=20_000, help="live: QoS 0 messages/s, all publishers together")
     parser.add_argument("--publishers", type=int, default=2, help="live: MQTT publisher processes")
     parser.add_argument("--trigger-ms", type=int, default=500, help="live: the query's trigger interval")
-    parser.add_argument("--warmup", type=float, default=5.0, help="live: seconds of messages not timed (Spark's workers start)")
+    parser.add_argument("--warmup", type=float, default=5.0, help="live: seconds of messages not timed (Spark's workers "
+                        "start); idle: seconds after the queries start before measuring")
+    parser.add_argument("--wait-ms", type=int, default=None, help="live, idle: the queries' latestOffsetWaitMs "
+                        "(default: the source's)")
+    parser.add_argument("--queries", type=int, default=1, help="idle: streaming queries")
+    parser.add_argument("--broker-pid", type=int, default=None, help="idle: the broker's process id (with --url)")
     parser.add_argument("--mqtt", default="127.0.0.1:1883", help="live: HOST:PORT of the broker's MQTT listener (with --url)")
     parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
     args = parser.parse_args(argv)
@@ -273,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         url = broker.url if broker else args.url
         if args.mode == "backfill":
             backfill(args, url)
+        elif args.mode == "idle":
+            pid = broker.proc.pid if broker else args.broker_pid
+            if pid is None:
+                parser.error("idle needs --start-broker or --broker-pid (its CPU is read from /proc)")
+            idle(args, url, pid)
         else:
             host, _, port = args.mqtt.rpartition(":")
             live(args, url, ("127.0.0.1", broker.mqtt_port) if broker else (host or "127.0.0.1", int(port)))

@@ -202,6 +202,30 @@ class BrokerClient:
                 status, "unknown_stream") from None
         raise error
 
+    def stream_bounds(self, name: str, after: list[int] | None = None, wait_ms: int = 0) -> dict[int, tuple[int, int]]:
+        """Each partition's (earliest, latest), from ``GET .../latest``: the long poll for new records.
+
+        With ``after`` (every partition's latest as the caller last saw it, in
+        partition order) and ``wait_ms``, the broker answers once a latest
+        differs from ``after``, or when ``wait_ms`` has passed with none moved.
+        """
+        query: dict[str, str | int] = {}
+        if after is not None:
+            query["after"] = ",".join(str(int(o)) for o in after)
+        if wait_ms:
+            query["wait_ms"] = int(wait_ms)
+        path = f"/api/v1/streams/{quote(name, safe='')}/latest" + (f"?{urlencode(query, safe=',')}" if query else "")
+        status, _, data = self.request("GET", path)
+        if status == 200:
+            try:
+                return {int(p["partition"]): (int(p["earliest"]), int(p["latest"])) for p in json.loads(data)["partitions"]}
+            except (ValueError, KeyError, TypeError):
+                raise BrokerError(f"gateway: the broker at {self.url} answered GET {path} with no partitions") from None
+        error = self._fail("GET", path, status, data)
+        if status == 404 and error.code == "unknown_stream":
+            self.stream(name)  # raises UnknownStream with the list of streams
+        raise error
+
     def offsets_for_time(self, name: str, timestamp_ms: int) -> dict[int, int]:
         answer = self._json("GET", f"/api/v1/streams/{quote(name, safe='')}/offsets?timestamp={int(timestamp_ms)}")
         return {int(p["partition"]): int(p["offset"]) for p in answer["partitions"]}

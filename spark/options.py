@@ -31,6 +31,10 @@ DEFAULT_TIMEOUT_MS = 60_000
 DEFAULT_RETRY_MS = 30_000
 DEFAULT_MAX_ROWS_PER_REQUEST = 10_000
 DEFAULT_MAX_BYTES_PER_REQUEST = 4 << 20
+# How long latestOffset may wait for new records when a query has read all there was
+# (the broker's long poll, as Kafka's fetch.max.wait.ms); the broker waits 30 s at most.
+DEFAULT_LATEST_OFFSET_WAIT_MS = 1_000
+MAX_LATEST_OFFSET_WAIT_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class ReadOptions:
     timeout: float
     retry: float
     authorization: str | None = None  # the HTTP Basic header of user/password, for a broker with users
+    latest_offset_wait_ms: int = DEFAULT_LATEST_OFFSET_WAIT_MS  # 0: latestOffset never waits
 
 
 @dataclass(frozen=True)
@@ -218,6 +223,9 @@ def parse_read_options(options: Mapping[str, Any], streaming: bool | None) -> Re
     if reader_name is not None and not READER_NAME.fullmatch(reader_name):
         raise OptionError("readerName", reader_name, "must be 1-200 characters of letters, digits and ._:-")
 
+    timeout = _timeout(opts)
+    wait_ms = _latest_offset_wait(opts, streaming, timeout)
+
     return ReadOptions(
         url=url,
         stream=stream,
@@ -231,10 +239,28 @@ def parse_read_options(options: Mapping[str, Any], streaming: bool | None) -> Re
         reader_name=reader_name,
         max_records_per_fetch=_int(opts, "maxRecordsPerFetch", 1, "a positive integer"),
         max_bytes_per_fetch=_int(opts, "maxBytesPerFetch", 1, "a positive number of bytes"),
-        timeout=_timeout(opts),
+        timeout=timeout,
         retry=_retry(opts),
         authorization=_authorization(opts),
+        latest_offset_wait_ms=wait_ms,
     )
+
+
+def _latest_offset_wait(opts: dict[str, str], streaming: bool | None, timeout: float) -> int:
+    """latestOffsetWaitMs: 0 to 30,000, and shorter than an HTTP request may take."""
+    raw = _get(opts, "latestOffsetWaitMs")
+    if raw is not None and streaming is False:
+        raise OptionError("latestOffsetWaitMs", raw, "is for streaming queries only (spark.readStream)")
+    what = f"a number of milliseconds from 0 (never wait) to {MAX_LATEST_OFFSET_WAIT_MS:,}"
+    ms = _int(opts, "latestOffsetWaitMs", 0, what)
+    if ms is None:
+        return min(DEFAULT_LATEST_OFFSET_WAIT_MS, int(timeout * 1000) // 2)
+    if ms > MAX_LATEST_OFFSET_WAIT_MS:
+        raise OptionError("latestOffsetWaitMs", raw, f"must be {what}")
+    if ms and ms >= timeout * 1000:
+        raise OptionError("latestOffsetWaitMs", raw, f"must be shorter than requestTimeoutMs ({int(timeout * 1000)}): "
+                                                     f"the broker's answer may take that long")
+    return ms
 
 
 def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:

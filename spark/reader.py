@@ -414,6 +414,8 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._lease = 600.0
         self._latest: tuple[float, dict[int, int]] | None = None
         self._on_terminate: Any = None  # the SIGTERM handler to put back once stopped
+        self._asked = False  # whether latestOffset was called before (see _bounds_after)
+        self._long_poll = True  # False once the broker turned out to have no long poll
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -449,10 +451,38 @@ class GatewayStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {p: latest for p, (_, latest) in self._bounds().items()}
 
+    def _bounds_after(self, begin: dict[int, int]) -> dict[int, tuple[int, int]]:
+        """The broker's bounds; when the query has read all it knows of, they may wait for new records.
+
+        Spark's default trigger asks again at once when there was nothing, a
+        hundred times a second; the broker's long poll instead answers when a
+        batch moves an end, or after latestOffsetWaitMs (as Kafka's
+        fetch.max.wait.ms), so an idle query costs a request a second.  Never
+        waits on the first call of a query run (Trigger.Once calls it only
+        then), under Trigger.AvailableNow (it stops at its target), or when
+        the ends last seen are ahead of ``begin`` (records are there: a read
+        limit left them for the next batch).
+        """
+        wait = self.opts.latest_offset_wait_ms
+        first, self._asked = not self._asked, True
+        seen = self._latest[1] if self._latest is not None else None
+        if (first or not wait or self._target is not None or seen is None or not self._long_poll
+                or any(begin.get(p, 0) < latest for p, latest in seen.items())):
+            return self._bounds()
+        try:
+            bounds = self.client.stream_bounds(self.opts.stream, [seen[p] for p in sorted(seen)], wait)
+        except BrokerError as exc:
+            if exc.status != 404 or exc.code != "not_found":
+                raise
+            self._long_poll = False  # an older broker: ask as before
+            return self._bounds()
+        self._latest = (time.monotonic(), {p: latest for p, (_, latest) in bounds.items()})
+        return bounds
+
     @user_facing
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> Offset:
-        bounds = self._bounds()
         begin = _parse(start)
+        bounds = self._bounds_after(begin)
         end = dict(begin)  # partitions the broker no longer lists stay where they were
         available: dict[int, int] = {}
         for p, (earliest, latest) in bounds.items():

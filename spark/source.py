@@ -25,6 +25,10 @@ readerName             the name the query registers its position under (default
 maxRecordsPerFetch     records per HTTP answer (default: the broker's, 100,000)
 maxBytesPerFetch       bytes per HTTP answer (default: the broker's, 8 MiB)
 requestTimeoutMs       HTTP timeout (default 60,000)
+latestOffsetWaitMs     stream only: how long the broker may hold latestOffset's
+                       question when the query has read everything, answering
+                       as soon as a record is written (default 1,000; 0: never
+                       wait; at most 30,000 and below requestTimeoutMs)
 =====================  ==========================================================
 
 Writing (``df.write`` / ``df.writeStream``; columns ``body`` binary or string,

@@ -39,6 +39,7 @@ FILES: dict[str, str] = {
     "overview.js": "text/javascript; charset=utf-8",
     "queue.js": "text/javascript; charset=utf-8",
     "bridges.js": "text/javascript; charset=utf-8",
+    "streams.js": "text/javascript; charset=utf-8",
 }
 
 # The console runs only its own files: no inline script, nothing from elsewhere, not framed by another site.

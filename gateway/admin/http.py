@@ -101,6 +101,7 @@ class BoundedRequest(server.Request):
     _too_large = False
     _received = 0
     grant: Grant | None = None  # set by the Router once the request is authenticated
+    route: str | None = None  # the pattern of the route it matched, for /metrics
 
     def _limit(self) -> int:
         return cast(_AdminChannel, self.channel).site.max_request_size
@@ -155,7 +156,10 @@ class Router(Resource):
     def __init__(self, guard: Guard | None = None) -> None:
         super().__init__()
         self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+        self._names: dict[re.Pattern[str], str] = {}  # route -> its label in /metrics
         self._public: list[re.Pattern[str]] = []
+        # Answers by (route, method, status): gateway_http_requests_total (gateway/admin/metrics.py).
+        self.answered: dict[tuple[str, str, int], int] = {}
         self.guard = guard
         # What answers a path no route matches (None: 404); a standby answers 503 instead.
         self.fallback: Handler | None = None
@@ -178,7 +182,7 @@ class Router(Resource):
             elif not request.finished and not getattr(request, "_disconnected", False):
                 body = self._answer(request, outcome)
                 if body is not server.NOT_DONE_YET:
-                    self._finish(request, (request.code, {}, body), deferred=True)
+                    _send(request, body)  # answered (and counted) by _answer; only the sending is late
 
         self.guard.check(request, done)
         if now:
@@ -202,6 +206,7 @@ class Router(Resource):
                 break
         else:
             self._routes.append((regex, handlers))
+            self._names[regex] = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern)
         if public:
             self._public.append(regex)
 
@@ -221,6 +226,8 @@ class Router(Resource):
             match = regex.match(path)
             if match is None:
                 continue
+            if isinstance(request, BoundedRequest):
+                request.route = self._names[regex]
             handler = methods.get(method)
             if handler is None:
                 request.setHeader("Allow", ", ".join(sorted(methods)))
@@ -263,9 +270,11 @@ class Router(Resource):
         log.failure("admin request {method} {path} failed", failure, method=method, path=path)
         self._finish(request, error_body(HttpError(500, "internal error; see the broker's log", "internal_error")), deferred=True)
 
-    @staticmethod
-    def _finish(request: server.Request, answer: Answer, deferred: bool = False) -> bytes:
+    def _finish(self, request: server.Request, answer: Answer, deferred: bool = False) -> bytes:
         status, headers, body = answer
+        if deferred and (request.finished or getattr(request, "_disconnected", False)):
+            return b""  # the client left before the answer: nothing is sent, nothing counted
+        self._count(request, status)
         request.setResponseCode(status)
         if status == 401:
             request.setHeader("WWW-Authenticate", REALM)
@@ -274,13 +283,30 @@ class Router(Resource):
         if status >= 400:
             log.debug("{method} {path} -> {status}", method=request.method, path=request.path, status=status)
         if deferred:
-            if not request.finished and not getattr(request, "_disconnected", False):
-                request.setHeader("Content-Length", str(len(body)))
-                request.write(body)
-                request.finish()
+            _send(request, body)
             return b""
         return body
 
+    def _count(self, request: server.Request, status: int) -> None:
+        """One answer more for /metrics: by route pattern (bounded, unlike paths), method and status."""
+        route = request.route if isinstance(request, BoundedRequest) else None
+        if route is None:  # refused before routing (credentials, cross-site), or no route matches
+            path = request.path.decode("utf-8", "replace")
+            route = next((self._names[regex] for regex, _ in self._routes if regex.match(path)), "unmatched")
+        method = request.method.decode("ascii", "replace")
+        key = (route, method if method in _METHODS else "other", status)
+        self.answered[key] = self.answered.get(key, 0) + 1
+
+
+def _send(request: server.Request, body: bytes) -> None:
+    """Write a late answer (after a Deferred or a password check) and end the request."""
+    request.setHeader("Content-Length", str(len(body)))
+    request.write(body)
+    request.finish()
+
+
+# Methods counted under their own name in /metrics; any other is "other" (clients choose them freely).
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 # Methods a page on another site may not make a browser send here (with its cached credentials).
 _SAFE_METHODS = (b"GET", b"HEAD", b"OPTIONS")

@@ -342,6 +342,24 @@ class BrokerCollector(Collector):
         yield from (connected, queued, inflight, messages, refused, connects, loops)
 
 
+class HttpCollector(Collector):
+    """The admin listener's answers, as its Router counts them (``Router.answered``)."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        answered = CounterMetricFamily(
+            "gateway_http_requests", "Admin HTTP requests answered, by route pattern (unmatched: no route), method "
+            "and status", labels=["route", "method", "status"])
+        for (route, method, status), n in sorted(self.router.answered.items()):
+            answered.add_metric([route, method, str(status)], n)
+        yield answered
+
+
 class MetricsAPI:
     def __init__(self, collector: BrokerCollector) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -349,6 +367,7 @@ class MetricsAPI:
 
     def install(self, router: Router) -> None:
         router.add("/metrics", get=self.metrics)
+        self.registry.register(HttpCollector(router))
 
     def metrics(self, request: server.Request) -> Any:
         require(request, Permission.ADMIN, RESOURCE)

@@ -16,6 +16,7 @@ from twisted.web import server
 from core.access import Permission
 from core.broker import Broker
 from core.stream_config import OffsetOutOfRange, StreamError
+from core.stream_history import lease_expiring, lease_warning_seconds, partition_lag
 from gateway.admin.http import (
     HttpError,
     Router,
@@ -26,6 +27,7 @@ from gateway.admin.http import (
     request_body,
     require,
 )
+from gateway.admin.stream_poll import StreamPollAPI
 
 if TYPE_CHECKING:
     from core.stream import Stream
@@ -57,6 +59,7 @@ class StreamsAPI:
         router.add("/api/v1/streams/{name}/offsets", get=self.offsets)
         router.add("/api/v1/streams/{name}/partitions/{partition}/records", get=self.records)
         router.add("/api/v1/streams/{name}/readers/{reader}", put=self.register, delete=self.forget)
+        StreamPollAPI(self.broker).install(router)  # GET .../latest, the long poll of the ends (stream_poll.py)
 
     def _stream(self, request: server.Request, name: str) -> Stream:
         """The stream, once the request may read it (checked first: a refusal says nothing of whether it exists)."""
@@ -69,39 +72,75 @@ class StreamsAPI:
 
     def list(self, request: server.Request) -> Any:
         return json_body(200, {"streams": [
-            {
-                "name": s.name, "partitions": len(s.partitions),
-                "records": sum(p.end - p.first for p in s.partitions), "bytes": sum(p.bytes for p in s.partitions),
-                "readers": len(s.readers),
-            }
-            for s in self.broker.streams.streams.values()
+            self._summary(s) for s in self.broker.streams.streams.values()
             if permitted(request, Permission.READ, f"stream://{s.name}")
         ]})
 
+    def _summary(self, s: Stream) -> dict[str, Any]:
+        """A stream in the list: its totals, its append rate, and its readers' worst lag and lease (docs/streams.rst)."""
+        now = self.broker.now_ms()
+        rates = self.broker.stream_history.rates(s.name, len(s.partitions))
+        live = [r for r in s.readers.values() if r.expires_ms > now]
+        lease = s.spec.reader_lease_seconds
+        return {
+            "name": s.name, "partitions": len(s.partitions),
+            "records": sum(p.end - p.first for p in s.partitions), "bytes": sum(p.bytes for p in s.partitions),
+            "readers": len(s.readers),
+            # Sampled by the broker (core/stream_history.py): null until two samples exist.
+            "records_per_second": None if any(x is None for x in rates) else round(sum(x or 0.0 for x in rates), 3),
+            "max_lag": max((sum(partition_lag(s, r).values()) for r in live), default=None),
+            "readers_expiring": sum(1 for r in live if lease_expiring(r, lease, now)),
+        }
+
     def describe(self, request: server.Request, name: str) -> Any:
+        """The stream, its partitions and live readers; ``?history=1`` adds the sampled last five minutes.
+
+        Spark's connector reads this answer at every micro-batch, so the
+        history (61 samples per stream and per reader by default) is only sent when asked for.
+        """
         stream = self._stream(request, name)
+        with_history = int_query(request, "history", 0, low=0, high=1) == 1
         spec = stream.spec
         now = self.broker.now_ms()
-        return json_body(200, {
+        history = self.broker.stream_history
+        rates = history.rates(stream.name, len(stream.partitions))
+        readers = []
+        for r in stream.readers.values():
+            if r.expires_ms <= now:
+                continue
+            # Records the reader has yet to read, per partition (what Kafka calls consumer lag).
+            lag = partition_lag(stream, r)
+            reader: dict[str, Any] = {
+                "name": r.name, "offsets": {str(k): v for k, v in sorted(r.offsets.items())},
+                "lag": {str(k): v for k, v in lag.items()},
+                "expires_in_seconds": round((r.expires_ms - now) / 1000, 1),
+                "total_lag": sum(lag.values()),
+                "lease_expiring": lease_expiring(r, spec.reader_lease_seconds, now),
+            }
+            if with_history:
+                reader["lag_history"] = history.reader_samples(stream.name, r.name)
+            readers.append(reader)
+        answer: dict[str, Any] = {
             "name": stream.name,
             "destinations": list(spec.destinations),
             "max_age_seconds": spec.max_age_seconds,
             "max_bytes": spec.max_bytes,
             "reader_lease_seconds": spec.reader_lease_seconds,
             "partitions": [
-                {"partition": p.index, "earliest": p.first, "latest": p.end, "bytes": p.bytes} for p in stream.partitions
+                {"partition": p.index, "earliest": p.first, "latest": p.end, "bytes": p.bytes,
+                 "records": p.end - p.first, "records_per_second": rate}
+                for p, rate in zip(stream.partitions, rates)
             ],
-            "readers": [
-                {
-                    "name": r.name, "offsets": {str(k): v for k, v in sorted(r.offsets.items())},
-                    # Records the reader has yet to read, per partition (what Kafka calls consumer lag).
-                    "lag": {str(k): max(0, stream.partitions[k].end - v) for k, v in sorted(r.offsets.items())
-                            if 0 <= k < len(stream.partitions)},
-                    "expires_in_seconds": round((r.expires_ms - now) / 1000, 1),
-                }
-                for r in stream.readers.values() if r.expires_ms > now
-            ],
-        })
+            "readers": readers,
+            "records_per_second": None if any(x is None for x in rates) else round(sum(x or 0.0 for x in rates), 3),
+            "lease_expiring_below_seconds": lease_warning_seconds(spec.reader_lease_seconds),
+            "history_interval_seconds": history.interval,
+            "history_window_seconds": history.window,
+            "now_ms": now,
+        }
+        if with_history:
+            answer["history"] = history.stream_samples(stream.name)
+        return json_body(200, answer)
 
     def offsets(self, request: server.Request, name: str) -> Any:
         stream = self._stream(request, name)

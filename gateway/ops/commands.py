@@ -1,4 +1,4 @@
-"""``gateway stat | browse | purge | send | consume | dlq list/replay | connections | bridges``: the admin API for people and scripts.
+"""``gateway stat | browse | purge | send | consume | dlq list/replay | connections | bridges | streams``: the admin API for people and scripts.
 
 Each command is one or a few admin API requests (``gateway/ops/client.py``)
 with the operator's credentials: ``--user`` (password from
@@ -21,7 +21,7 @@ from typing import Any
 from gateway.ops.client import DEFAULT_URL, AdminClient, OpsError, UsageError, authorization
 from gateway.ops.output import Progress, age, dump, table
 
-COMMANDS = ("stat", "browse", "purge", "send", "consume", "dlq", "connections", "bridges")
+COMMANDS = ("stat", "browse", "purge", "send", "consume", "dlq", "connections", "bridges", "streams")
 REPLAY_CHUNK = 10_000  # dead letters per request, so the progress bar moves and no request is long
 # Headers the broker puts on a dead letter (core/broker.py ORIGINAL_DESTINATION, DEAD_LETTER_CAUSE),
 # spelled out: these commands import nothing of the broker, so they run where it is not installed.
@@ -92,6 +92,10 @@ def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
     bridges = commands.add_parser("bridges", help="the bridges to other brokers: state since when, queued, forwarded, last error")
     bridges.add_argument("name", nargs="?", metavar="NAME", help="only this bridge, with its patterns and counters")
     _common(bridges)
+
+    streams = commands.add_parser("streams", help="the streams: records, bytes, append rate, readers' lag and leases")
+    streams.add_argument("name", nargs="?", metavar="NAME", help="only this stream: retention, partitions, each reader's position, lag and lease")
+    _common(streams)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -396,7 +400,75 @@ def _bridges(client: AdminClient, args: argparse.Namespace) -> None:
     )
 
 
+def _seconds(value: float) -> str:
+    """A lease or an age in seconds as people read it: 45s, 2.5m, 10m, 7d (whole units from an hour on)."""
+    if value < 90:
+        return f"{value:g}s"
+    if value < 3600:
+        return f"{round(value / 60, 1):g}m"
+    return age(int(value * 1000)) or "-"
+
+
+def _rate(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _streams(client: AdminClient, args: argparse.Namespace) -> None:
+    """All streams as a table; one (``NAME``) as its retention, then its partitions, then its readers.
+
+    A reader is one row per partition it registered an offset for: its position
+    there, the partition's end, the lag, and its lease (``EXPIRING`` once less
+    than a quarter of it is left: the broker's ``lease_expiring``).  An unknown
+    name is the broker's 404 (exit status 1), not an empty table.
+    """
+    if args.name:
+        stream = client.call("GET", f"/api/v1/streams/{_quote(args.name)}")
+        if args.json:
+            dump(stream)
+            return
+        table([
+            ("name", stream["name"]),
+            ("destinations", stream["destinations"]),
+            ("max age", _seconds(stream["max_age_seconds"]) if stream["max_age_seconds"] > 0 else "no limit"),
+            ("max bytes", stream["max_bytes"] or "no limit"),
+            ("reader lease", f"{_seconds(stream['reader_lease_seconds'])} "
+                             f"(expiring below {_seconds(stream['lease_expiring_below_seconds'])} left)"),
+            ("appended/s", _rate(stream["records_per_second"])),
+        ], ("Field", "Value"))
+        print()
+        table(
+            [(p["partition"], p["earliest"], p["latest"], p["records"], p["bytes"], _rate(p["records_per_second"]))
+             for p in stream["partitions"]],
+            ("Partition", "Earliest", "Latest", "Records", "Bytes", "Appended/s"),
+        )
+        print()
+        readers = sorted(stream["readers"], key=lambda r: r["name"])
+        if not readers:
+            print("no registered readers")
+            return
+        latest = {str(p["partition"]): p["latest"] for p in stream["partitions"]}
+        table(
+            [(r["name"], int(partition), position, latest.get(partition), r["lag"].get(partition),
+              r["expires_in_seconds"], "EXPIRING" if r["lease_expiring"] else "ok")
+             for r in readers for partition, position in r["offsets"].items()],
+            ("Reader", "Partition", "Position", "Latest", "Lag", "ExpiresIn(s)", "Lease"),
+        )
+        return
+    found = client.call("GET", "/api/v1/streams")["streams"]
+    if args.json:
+        dump(found)
+        return
+    if not found:
+        print("no streams (none configured, or none this user may read)")
+        return
+    table(
+        [(s["name"], s["partitions"], s["records"], s["bytes"], _rate(s["records_per_second"]), s["readers"],
+          s["max_lag"], s["readers_expiring"]) for s in found],
+        ("Name", "Partitions", "Records", "Bytes", "Appended/s", "Readers", "MaxLag", "Expiring"),
+    )
+
+
 _COMMANDS: dict[str, Any] = {
     "stat": _stat, "browse": _browse, "purge": _purge, "send": _send, "consume": _consume, "dlq": _dlq,
-    "connections": _connections, "bridges": _bridges,
+    "connections": _connections, "bridges": _bridges, "streams": _streams,
 }

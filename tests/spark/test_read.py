@@ -23,6 +23,8 @@ STREAMS = {
     "timed": {"destinations": ["topic://timed.>"], "partitions": 2},
     "live": {"destinations": ["topic://live.>"], "partitions": 2},
     "direct": {"destinations": ["topic://direct.>"], "partitions": 2},
+    "idle": {"destinations": ["topic://idle.>"], "partitions": 2},
+    "polled": {"destinations": ["topic://polled.>"], "partitions": 2},
 }
 
 
@@ -245,3 +247,104 @@ def test_driver_side_offsets_against_the_broker(broker):
     finally:
         reader.stop()
     assert reader.reader_name not in {r["name"] for r in broker.stream("direct")["readers"]}
+
+
+# -- latestOffset's long poll (latestOffsetWaitMs, GET /api/v1/streams/NAME/latest) ------------------
+
+
+def stream_requests(broker: BrokerProcess) -> float:
+    """Requests the broker answered on a stream's description and its long poll (gateway_http_requests_total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, data = broker.request("GET", "/metrics")
+    assert status == 200, data
+    return sum(s.value for f in text_string_to_metric_families(data.decode()) for s in f.samples
+               if s.name == "gateway_http_requests_total"
+               and s.labels["route"] in ("/api/v1/streams/{name}", "/api/v1/streams/{name}/latest"))
+
+
+def test_latest_offset_waits_only_when_the_query_has_read_everything(broker):
+    """latestOffset called as Spark's driver calls it, against the broker's long poll."""
+    import threading
+
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from spark.errors import OptionError
+    from spark.options import parse_read_options
+    from spark.reader import GatewayStreamReader, read_schema
+
+    def reader(**options: str) -> GatewayStreamReader:
+        opts = parse_read_options({"url": broker.url, "stream": "polled", **options}, streaming=True)
+        return GatewayStreamReader(opts, read_schema(False))
+
+    def timed(r: GatewayStreamReader, start: dict, limit: Any = None) -> tuple[dict, float]:
+        began = time.monotonic()
+        end = r.latestOffset(start, limit or ReadAllAvailable())
+        return end, time.monotonic() - began
+
+    assert parse_read_options({"url": broker.url, "stream": "s"}, True).latest_offset_wait_ms == 1000
+    assert parse_read_options({"url": broker.url, "stream": "s", "requestTimeoutMs": "1000"}, True).latest_offset_wait_ms == 500
+    for value in ("-1", "30001", "soon", "60000"):
+        with pytest.raises(OptionError, match="latestOffsetWaitMs"):
+            parse_read_options({"url": broker.url, "stream": "s", "latestOffsetWaitMs": value}, True)
+    with pytest.raises(OptionError, match="shorter than requestTimeoutMs"):
+        parse_read_options({"url": broker.url, "stream": "s", "latestOffsetWaitMs": "2000", "requestTimeoutMs": "2000"}, True)
+    with pytest.raises(OptionError, match="streaming queries only"):
+        parse_read_options({"url": broker.url, "stream": "s", "latestOffsetWaitMs": "10"}, False)
+
+    slow = reader(latestOffsetWaitMs="5000")  # a wait would show as seconds
+    short = reader(latestOffsetWaitMs="300")
+    try:
+        start = slow.initialOffset()
+        end, took = timed(slow, start)
+        assert end == start and took < 2.5, "the first call waited (Trigger.Once makes only that one)"
+        # Nothing new since: the second call waits, and wakes when a record is written.
+        sent = threading.Timer(0.3, lambda: broker.publish_json([{"destination": "topic://polled.a", "body": "x"}]))
+        sent.start()
+        end, took = timed(slow, end)
+        sent.join()
+        assert sum(end.values()) == sum(start.values()) + 1 and took < 2.5, took
+        # Records the read limit left for later: no wait.
+        broker.publish_json([{"destination": f"topic://polled.d{i}", "body": "x"} for i in range(10)])
+        first, _ = timed(slow, end, ReadMaxRows(4))
+        second, took = timed(slow, first, ReadMaxRows(4))
+        assert sum(second.values()) == sum(first.values()) + 4 and took < 2.5
+        # Idle: the answer comes at the bound, unchanged.
+        top = short.initialOffset()
+        timed(short, top)
+        end, took = timed(short, top)
+        assert end == top and took >= 0.29
+        # Trigger.AvailableNow stops at its target: never a wait.
+        slow.prepareForTriggerAvailableNow()
+        end, _ = timed(slow, second)
+        end, took = timed(slow, end)
+        assert end == {str(p): latest for p, (_, latest) in broker.bounds("polled").items()} and took < 2.5
+    finally:
+        slow.stop()
+        short.stop()
+
+
+def test_an_idle_query_long_polls_and_wakes_for_a_record(spark, broker):
+    """An idle query (default trigger) asks about once per latestOffsetWaitMs, not a hundred times a second."""
+    df = read_stream(spark, broker, "idle", latestOffsetWaitMs="4000")
+    query = df.writeStream.format("memory").queryName("idle_rows").start()
+    rows = lambda: spark.sql("select count(*) c from idle_rows").collect()[0].c  # noqa: E731
+    try:
+        wait_until(lambda: query.recentProgress, interval=0.05, what="the query's first micro-batch (its start offsets)")
+        # A first record: the first batch with data also starts Spark's Python workers.
+        broker.publish_json([{"destination": "topic://idle.d0", "body": "warm up"}])
+        wait_until(lambda: rows() == 1, interval=0.05, what="the first record in the memory sink")
+        before = stream_requests(broker)
+        time.sleep(2)
+        asked = stream_requests(broker) - before
+        assert asked <= 3, f"an idle query asked {asked:g} times in 2 s (without the long poll: about 200)"
+        wait_until(lambda: query.status["message"].startswith("Getting offsets"), interval=0.02, what="latestOffset")
+        published = time.monotonic()
+        broker.publish_json([{"destination": "topic://idle.d1", "body": "wake up"}])
+        wait_until(lambda: rows() == 2, interval=0.05, what="the record in the memory sink")
+        took = time.monotonic() - published
+        assert took < 2.5, f"the record reached the query {took:.2f} s after its publish (the wait is 4 s)"
+    finally:
+        stopping = time.monotonic()
+        query.stop()
+        assert time.monotonic() - stopping < 4 + 3, "stop() waited longer than latestOffsetWaitMs"

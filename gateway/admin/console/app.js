@@ -1,10 +1,12 @@
 // The console's shell: hash routes (#/, #/queues, #/queues/NAME, #/connections, #/topics, #/durable,
-// #/mqtt, #/bridges), the nav, and one poller that refreshes the current page every 2 s while the tab is visible.
+// #/mqtt, #/streams, #/streams/NAME, #/bridges), the nav, and one poller that refreshes the current page
+// every 2 s while the tab is visible.
 
 import { bridgesView } from "./bridges.js";
 import { durablesView, connectionsView, mqttView, queuesView, topicsView } from "./lists.js";
 import { overviewView } from "./overview.js";
 import { queueView } from "./queue.js";
+import { streamView, streamsView } from "./streams.js";
 import { Poller, clearNote, h, time } from "./ui.js";
 import { index } from "./api.js";
 
@@ -15,6 +17,7 @@ const ROUTES = {
   topics: ["topics", topicsView],
   durable: ["durable", durablesView],
   mqtt: ["mqtt", mqttView],
+  streams: ["streams", streamsView],
   bridges: ["bridges", bridgesView],
 };
 
@@ -56,7 +59,8 @@ function render() {
     current.view.update(params); // the same list, another page or sort: keep the element, refetch
     return;
   }
-  const known = route === "queues" && arg !== null ? ["queues", (ctx) => queueView(ctx, arg)] : ROUTES[route];
+  const known = route === "queues" && arg !== null ? ["queues", (ctx) => queueView(ctx, arg)]
+    : route === "streams" && arg !== null ? ["streams", (ctx) => streamView(ctx, arg)] : ROUTES[route];
   for (const a of document.querySelectorAll("#nav a")) {
     const active = known !== undefined && a.dataset.route === known[0];
     a.classList.toggle("active", active);

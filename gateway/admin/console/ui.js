@@ -1,5 +1,6 @@
 // Small pieces every page uses: an element builder, number formats, the message area, a confirm
-// dialog, a table that updates in place, a pager, rates from successive polls, and the 2 s poller.
+// dialog, a table that updates in place, a pager, rates from successive polls, the 2 s poller, and a
+// line chart of the last five minutes.
 
 export function h(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -306,4 +307,73 @@ export class Poller {
   wake() {
     if (!this.paused && !this.timer && this.task) this.now();
   }
+}
+
+// -- a line chart of the last five minutes ---------------------------------------------------------
+
+// The overview's chart, for any number of series: the same markup and stylesheet (figure.chart-box, its
+// axis titles and ticks around a stretched SVG whose viewBox units are seconds), drawn from points on the
+// broker's clock.  draw(series, end) replaces every line: series is [{cls, label, points: [[ms, value]]}],
+// end the broker's "now" (the right edge).  Lines get the class "line" plus their own cls (colours in CSS).
+export const CHART_WINDOW_MS = 5 * 60 * 1000;
+const CHART_MINUTES = [5, 4, 3, 2, 1, 0];
+
+// 1, 2, 5, 10, 20, 50...: the smallest at or above n, so the y-axis ticks are round numbers.
+export function niceCeil(n) {
+  if (n <= 1) return 1;
+  const power = 10 ** Math.floor(Math.log10(n));
+  for (const step of [1, 2, 5, 10]) if (step * power >= n) return step * power;
+  return 10 * power;
+}
+
+export function lineChart({ label, yTitle, xTitle = "time, the last 5 minutes", empty = "Collecting: a point every few seconds", format = rate }) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  const width = CHART_WINDOW_MS / 1000;
+  svg.setAttribute("viewBox", `0 0 ${width} 100`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", label);
+  svg.classList.add("chart");
+  const grid = (x1, y1, x2, y2) => {
+    const line = document.createElementNS(ns, "line");
+    Object.entries({ x1, y1, x2, y2 }).forEach(([k, v]) => line.setAttribute(k, String(v)));
+    line.classList.add("grid");
+    line.setAttribute("vector-effect", "non-scaling-stroke");
+    svg.append(line);
+  };
+  grid(0, 50, width, 50);
+  for (const m of CHART_MINUTES.slice(1, -1)) grid(width - m * 60, 0, width - m * 60, 100);
+  const layer = document.createElementNS(ns, "g");
+  svg.append(layer);
+  const yTicks = [h("span", {}, "1"), h("span", {}, "0.5"), h("span", {}, "0")];
+  const note = h("div", { class: "chart-empty" }, empty);
+  const el = h("figure", { class: "chart-box", dataset: { points: "0" } },
+    h("div", { class: "axis-title y", dataset: { axis: "y" } }, yTitle),
+    h("div", { class: "ticks y" }, ...yTicks),
+    h("div", { class: "plot" }, svg, note),
+    h("div", { class: "ticks x" }, ...CHART_MINUTES.map((m) => h("span", {}, m ? `−${m} min` : "now"))),
+    h("div", { class: "axis-title x", dataset: { axis: "x" } }, xTitle));
+
+  function draw(series, end) {
+    const shown = series.map((s) => ({ ...s, points: s.points.filter((p) => p[0] >= end - CHART_WINDOW_MS && p[0] <= end) }));
+    const top = niceCeil(Math.max(0, ...shown.flatMap((s) => s.points.map((p) => p[1]))));
+    [top, top / 2, 0].forEach((v, i) => { yTicks[i].textContent = format(v).replace(/\.0$/, ""); });
+    layer.replaceChildren(...shown.map((s) => {
+      const line = document.createElementNS(ns, "polyline");
+      line.setAttribute("class", `line ${s.cls || ""}`.trim());
+      line.setAttribute("vector-effect", "non-scaling-stroke");
+      line.setAttribute("points", s.points.map((p) => `${(width - (end - p[0]) / 1000).toFixed(1)},${(100 - (98 * p[1]) / top).toFixed(1)}`).join(" "));
+      const title = document.createElementNS(ns, "title");
+      title.textContent = s.label; // text, never markup: a name is shown as written
+      line.append(title);
+      return line;
+    }));
+    const points = shown.reduce((n, s) => n + s.points.length, 0);
+    el.dataset.points = String(points);
+    note.hidden = points > 0;
+    return top;
+  }
+
+  return { el, draw };
 }
