@@ -14,23 +14,12 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
+from tests.support import wait_until
 from tests.system.test_cli import free_port
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` until it is true; fail saying ``what`` did not happen (and the last answer)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"within {timeout:g} s: {what} (last: {value!r})")
-        time.sleep(0.05)
 
 
 class Mosquitto:

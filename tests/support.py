@@ -45,6 +45,81 @@ def call(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return threads.blockingCallFromThread(reactor(), f, *args, **kwargs)
 
 
+def wait_until(
+    condition: Callable[[], Any], timeout: float = 5.0, what: str | Callable[[], str] = "the condition",
+    interval: float = 0.01,
+) -> Any:
+    """Poll ``condition`` every ``interval`` seconds until it returns something true; that value.
+
+    The suite's one poll loop: a barrier on state another thread, process or
+    connection changes (the broker's, read with ``BrokerHandle.inspect``; an
+    admin API answer; a log line).  After ``timeout`` seconds it fails saying
+    what was awaited (``what``, or what a callable ``what`` says then) and the
+    condition's last answer.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            described = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {described} (last: {value!r})")
+        time.sleep(interval)  # the poll interval: what is awaited has no event a test can block on
+
+
+def wait_past(deadline_ms: float, what: str = "the deadline") -> None:
+    """Wait until the wall clock -- the broker's, ``time.time`` -- reaches ``deadline_ms`` (epoch milliseconds).
+
+    For behaviour due at a time the test itself set (a message's ``expires``):
+    that moment awaited exactly, where a sleep would guess a margin.
+    """
+    wait_until(
+        lambda: time.time() * 1000 >= deadline_ms, max(0.0, deadline_ms / 1000 - time.time()) + 5.0, what, interval=0.005,
+    )
+
+
+def wait_stable(read: Callable[[], Any], quiet: float = 0.5, timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Wait until ``read()`` stops changing for ``quiet`` seconds; its value then.
+
+    For a producer held by flow control, whose being held is the absence of more
+    confirmations: no event says "nothing more will come", so a quiet period does.
+    """
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(interval)  # an absence (no more change) has no barrier: sampled for ``quiet`` seconds
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return now
+    raise AssertionError(f"still changing after {timeout:g} s (last: {last!r})")
+
+
+def wait_for_port(host: str, port: int, timeout: float = 15.0, process: Any = None, what: str = "") -> None:
+    """Wait until ``host:port`` accepts a TCP connection (a broker process listening).
+
+    With ``process`` (a ``subprocess.Popen``, or anything with ``proc`` and ``lines``, as
+    ``BrokerProcess``) it fails at once if that process exits first, showing its output.
+    """
+    proc = getattr(process, "proc", process)
+
+    def output() -> str:
+        return "".join(getattr(process, "lines", []))
+
+    def accepts() -> bool:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what or 'the process'} exited ({proc.returncode}) before listening on {port}:\n{output()}")
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    wait_until(accepts, timeout, lambda: f"{what or host} to accept connections on {port}:\n{output()}", interval=0.05)
+
+
 class BrokerHandle:
     """A running in-process broker; ``inspect`` reads core state safely from the reactor thread."""
 
@@ -83,6 +158,14 @@ class BrokerHandle:
             q = self.broker.queues.get(name)
             return [] if q is None else [e.message.body for e in q.messages()]
         return call(bodies)
+
+    def sessions(self) -> int:
+        """Live client sessions (every protocol): a session leaves once the broker has seen its connection lost."""
+        return call(lambda: len(self.gateway.sessions()))
+
+    def unfinished(self) -> list[int]:
+        """The bytes each live session holds of a frame or packet not complete yet: what the broker has read of it."""
+        return call(lambda: [s.decoder.buffered for s in self.gateway.sessions() if getattr(s, "decoder", None) is not None])
 
     def stop(self) -> None:
         call(self.gateway.stop)
@@ -136,6 +219,12 @@ class Waits:
                 self._cond.wait(left)
             return list(getattr(self, what))
 
+    def wait_more(self, seen: int, timeout: float = 0.1) -> list[Any]:
+        """What came after the first ``seen`` messages, once something has (``[]`` after ``timeout``): a worker's loop."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self.messages) > seen, timeout)
+            return self.messages[seen:]
+
     def settle(self, quiet: float = 0.3) -> list[Any]:
         """Wait until nothing more arrives for ``quiet`` seconds; for asserting that something did NOT arrive."""
         last = -1
@@ -145,7 +234,7 @@ class Waits:
             if n == last:
                 return list(self.messages)
             last = n
-            time.sleep(quiet)
+            time.sleep(quiet)  # proves nothing more arrives: an absence has no barrier
 
 
 class Collector(Waits, stomp.ConnectionListener):
@@ -176,7 +265,11 @@ class Collector(Waits, stomp.ConnectionListener):
     def on_disconnected(self) -> None:
         self.disconnected.set()
 
-
+    def wait_receipt(self, receipt: str, timeout: float = 5.0) -> None:
+        """Wait for the RECEIPT of ``receipt``: the broker has handled the frame that asked for it (and all before)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: receipt in self.receipts, timeout):
+                raise AssertionError(f"no RECEIPT {receipt} within {timeout:g} s (got {self.receipts})")
 
     def bodies(self) -> list[str]:
         with self._cond:
@@ -217,11 +310,7 @@ def sync(conn: Any, got: Collector, timeout: float = 5.0) -> None:
     tx = f"sync-{next(_ids)}"
     conn.begin(transaction=tx)
     conn.abort(tx, headers={"receipt": tx})
-    deadline = time.monotonic() + timeout
-    while tx not in got.receipts:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no receipt {tx}")
-        time.sleep(0.005)
+    got.wait_receipt(tx, timeout)
 
 
 def drop(conn: Any, got: Collector) -> None:
@@ -318,6 +407,7 @@ class MqttCollector(Waits):
         self.messages: list[Any] = []
         self.connacks: list[tuple[Any, Any, Any]] = []  # (flags, reason_code, properties)
         self.subacks: list[list[Any]] = []
+        self.unsubacks: list[list[Any]] = []
         self.disconnects: list[Any] = []  # reason codes
         self._cond = threading.Condition()
 
@@ -334,6 +424,9 @@ class MqttCollector(Waits):
 
     def on_subscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
         self._add("subacks", list(reason_codes))
+
+    def on_unsubscribe(self, client: Any, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
+        self._add("unsubacks", list(reason_codes))
 
     def on_disconnect(self, client: Any, userdata: Any, flags: Any, reason_code: Any, properties: Any) -> None:
         self._add("disconnects", reason_code)
@@ -363,7 +456,7 @@ def mqtt_connect(
     else:
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, clean_session=clean, **kwargs)
     collector = MqttCollector()
-    for name in ("on_message", "on_connect", "on_subscribe", "on_disconnect"):
+    for name in ("on_message", "on_connect", "on_subscribe", "on_unsubscribe", "on_disconnect"):
         setattr(client, name, getattr(collector, name))
     if will is not None:
         topic, payload, qos, retain, *rest = will
@@ -384,6 +477,40 @@ def mqtt_close(client: Any) -> None:
         client.disconnect()
     finally:
         client.loop_stop()
+
+
+def mqtt_subscribe(client: Any, got: MqttCollector, *args: Any, timeout: float = 5.0, **kwargs: Any) -> list[int]:
+    """SUBSCRIBE and wait for the SUBACK (a barrier: the subscription is in place); its reason codes as ints.
+
+    Arguments as paho's ``subscribe`` ("t/#", 1, options=..., properties=...),
+    or several (filter, qos) pairs: ``mqtt_subscribe(c, got, ("a/#", 1), ("b", 0))``.
+    """
+    if args and all(isinstance(a, tuple) for a in args):
+        args = (list(args),)
+    n = len(got.subacks)
+    result, _ = client.subscribe(*args, **kwargs)
+    assert result == 0, f"paho did not send the SUBSCRIBE (rc {result})"
+    return [getattr(c, "value", c) for c in got.wait_for(n + 1, timeout, what="subacks")[n]]
+
+
+def mqtt_unsubscribe(client: Any, got: MqttCollector, *topics: str, timeout: float = 5.0) -> None:
+    """UNSUBSCRIBE and wait for the UNSUBACK (a barrier: the subscriptions are gone)."""
+    n = len(got.unsubacks)
+    result, _ = client.unsubscribe(list(topics))
+    assert result == 0, f"paho did not send the UNSUBSCRIBE (rc {result})"
+    got.wait_for(n + 1, timeout, what="unsubacks")
+
+
+def mqtt_publish(
+    client: Any, topic: str, payload: Any, qos: int = 1, retain: bool = False, properties: Any = None,
+    timeout: float = 5.0,
+) -> Any:
+    """PUBLISH and wait until the broker has it: its PUBACK (QoS 1), PUBCOMP (QoS 2), or for QoS 0
+    until paho has written it.  QoS 1 unless told: the acknowledgement is the barrier.  Returns paho's info."""
+    info = client.publish(topic, payload, qos, retain, properties)
+    info.wait_for_publish(timeout)
+    assert info.is_published(), f"no {('write', 'PUBACK', 'PUBCOMP')[qos]} for {topic!r} within {timeout:g} s"
+    return info
 
 
 class RawMqtt(RawClient):

@@ -1,11 +1,9 @@
 """Browser apps over WebSocket: @stomp/stompjs and mqtt.js in a real headless Chromium."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.support import connect, disconnect, mqtt_close, mqtt_connect
+from tests.support import connect, disconnect, mqtt_close, mqtt_connect, sync
 
 
 def wait_got(page, count, timeout=10.0):
@@ -48,12 +46,14 @@ def test_browser_stomp_browser_mqtt_python_stomp_and_paho_all_exchange(broker, c
     mqtt_page.evaluate("([u, f]) => startMqtt(u, f)", [url, "plant/line1"])
     py_stomp, py_got = connect(broker, "1.2")
     py_stomp.subscribe("/topic/plant.line1", id="py")
+    sync(py_stomp, py_got)
     device, device_got = mqtt_connect(broker, "device-1", version=5)
     device.subscribe("plant/line1", qos=1)
-    device_got.wait_for(1, what="subacks")
-    time.sleep(0.2)
+    device_got.wait_for(1, what="subacks")  # and startMqtt resolved on its SUBACK
 
     stomp_page.evaluate("() => window.stomp.publish({destination: '/topic/plant.line1', body: 'A:browser-stomp'})")
+    # The barrier for the page's SUBSCRIBE (sent without a receipt): its own message came back.
+    wait_got(stomp_page, 1)
     mqtt_page.evaluate("() => window.mqttClient.publish('plant/line1', 'B:browser-mqtt', {qos: 1})")
     py_stomp.send("/topic/plant.line1", "C:python-stomp")
     device.publish("plant/line1", b"D:paho", qos=1).wait_for_publish(5)

@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import json
 import re
-import time
 import urllib.request
 
 import pytest
@@ -30,6 +29,7 @@ from tests.support import (
     mqtt_close,
     mqtt_connect,
     sync,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,13 +122,9 @@ def no_script_errors(request):
 
 def wait_text(locator, expected, timeout=10.0):
     """The element's text once it equals ``expected`` (the page refreshes every 2 s)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        text = locator.inner_text()
-        if text == expected or time.monotonic() > deadline:
-            assert text == expected
-            return text
-        time.sleep(0.05)
+    wait_until(lambda: locator.inner_text() == expected, timeout, lambda: f"{expected!r}, shown {locator.inner_text()!r}",
+               interval=0.05)
+    return expected
 
 
 # -- overview -------------------------------------------------------------------------------
@@ -160,17 +156,6 @@ def test_overview_shows_the_connections_and_messages_clients_made(console):
     wait_text(console.field("connections"), "0")
 
 
-def until(check, timeout=10.0):
-    """Poll ``check`` (the broker's state, changed by its reactor thread) until it is true; its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            assert value, "the condition did not come true in time"
-            return value
-        time.sleep(0.02)
-
-
 CHART = """() => {
     const box = document.querySelector('figure.chart-box');
     const rect = (el) => { const r = el.getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width, h: r.height}; };
@@ -199,8 +184,8 @@ def test_a_page_opened_after_traffic_charts_the_minutes_before_it(chromium, cons
     sync(conn, got)
     disconnect(conn)
     # The barrier: the broker has sampled the burst (a sample with a rate above 0).
-    history = until(lambda: (h := console.api("GET", "/api/v1/overview/history"))
-                    and any((s["in_per_second"] or 0) > 0 for s in h["samples"]) and h)
+    history = wait_until(lambda: (h := console.api("GET", "/api/v1/overview/history"))
+                         and any((s["in_per_second"] or 0) > 0 for s in h["samples"]) and h, 10, "a sample of the burst")
     assert history["interval_seconds"] == 0.2 and history["window_seconds"] == 300
 
     context = chromium.new_context(viewport=VIEWPORT)  # a fresh load, as a person opening the console now

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from tests.browser.test_console import VIEWPORT, Console, wait_text
-from tests.integration.test_admin_bridges import pair, publish, until  # noqa: F401 (pair: the fixture)
+from tests.integration.test_admin_bridges import LINK, pair, publish  # noqa: F401 (pair: the fixture)
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,7 +50,7 @@ def test_the_bridges_page_shows_the_link_its_traffic_and_an_outage(console, pair
     publish(pair.local, "t/x", 2, "console-pub")
     wait_text(row.locator('td[data-col="queued"]'), "2")
     error = row.locator('td[data-col="last_error"]')
-    until(lambda: error.inner_text() not in ("", "–"), "the last error shown")
+    wait_until(lambda: error.inner_text() not in ("", "–"), LINK, "the last error shown")
     assert error.inner_text() == pair.status()["last_error"] and error.get_attribute("title") == error.inner_text()
     assert console.page.locator("main .count").inner_text() == "1 bridge, 0 connected"
 

@@ -29,6 +29,7 @@ from tests.support import (
     mqtt_close,
     mqtt_connect,
     sync,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -110,14 +111,16 @@ def dead_letter(handle, queue, count, user=None, **headers):
     conn, got = login(handle, user)
     conn.subscribe(f"/queue/{queue}", id="s", ack="client-individual")
     seen = 0
-    deadline = time.monotonic() + 10
-    while handle.queue_depth(DLQ) < before + count:
-        assert time.monotonic() < deadline, "messages did not reach the DLQ"
+
+    def nacked_into_the_dlq() -> bool:
+        nonlocal seen
         fresh = got.messages[seen:]
-        for message in fresh:
+        for message in fresh:  # each delivery NACKed as it comes, redeliveries too
             conn.nack(message.headers["ack"])
         seen += len(fresh)
-        time.sleep(0.005)
+        return handle.queue_depth(DLQ) >= before + count
+
+    wait_until(nacked_into_the_dlq, 10, f"{count} messages NACKed into the DLQ")
     disconnect(conn)
 
 
@@ -314,11 +317,8 @@ def test_dlq_replay_of_a_topic_dead_letter_goes_to_the_topic(api):
     send_all(api.handle, "/topic/dlq.t", ["t1"])
     for n in (1, 2):
         conn.nack(got.wait_for(n)[n - 1].headers["ack"])
-    deadline = time.monotonic() + 5
     selector = {"selector": "originalDestination = 'topic://dlq.t'"}
-    while api.handle.queue_depth(DLQ) == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: api.handle.queue_depth(DLQ), what="the dead letter in the DLQ")
     assert api.do("POST", "/api/v1/dlq/replay", selector)["replayed"] == 1
     again = got.wait_for(3)[2]
     assert again.body == "t1" and "originalDestination" not in again.headers and "redelivered" not in again.headers
@@ -393,10 +393,8 @@ def test_delete_mqtt_session(api):
     status, _, body = api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")
     assert status == 409 and json.loads(body)["code"] == "session_connected"
     mqtt_close(client)
-    deadline = time.monotonic() + 5
-    while api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")[0] == 409:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    # Refused (409) while the broker has not seen the disconnect yet; then deleted (204).
+    wait_until(lambda: api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")[0] != 409, what="the session deleted once offline")
     assert api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")[0] == 404
     client, got = mqtt_connect(api.handle, "sess-1", clean=False)
     assert got.connacks[0][0].session_present is False
@@ -574,10 +572,7 @@ def test_actions_hold_across_a_restart(tmp_path):
     assert api.do("POST", "/api/v1/queues/r.from/move", {"to": "r.to", "limit": 2})["moved"] == 2
     assert api.do("POST", "/api/v1/dlq/replay", {"limit": 2})["replayed"] == 2
     assert api.do("DELETE", "/api/v1/durable-subscriptions/r-client/s")["dropped"] == 1
-    deadline = time.monotonic() + 5
-    while api.call("DELETE", "/api/v1/mqtt-sessions/r-mqtt")[0] == 409:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: api.call("DELETE", "/api/v1/mqtt-sessions/r-mqtt")[0] != 409, what="the session deleted once offline")
     api.do("DELETE", "/api/v1/retained/r%2Fcleared", expect=204)
     assert api.do("PUT", "/api/v1/queues/r.created", expect=201) == {"destination": "queue://r.created", "created": True}
     assert api.do("PUT", "/api/v1/queues/r.created", expect=200)["created"] is False

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import urllib.parse
 
 import pytest
@@ -27,6 +26,7 @@ from tests.support import (
     mqtt_connect,
     reactor,
     sync,
+    wait_until,
 )
 
 
@@ -46,16 +46,6 @@ def get(api, path, **headers):
     status, answer_headers, body = api.call("GET", path, headers=headers)
     assert answer_headers.get("Content-Type") == "application/json", (status, body)
     return status, json.loads(body)
-
-
-def until(check, timeout=5.0):
-    """Poll ``check`` (state changed by another thread or connection) until it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 # -- queues ---------------------------------------------------------------------
@@ -85,7 +75,7 @@ def test_queue_counts_follow_sends_and_partial_acks(api, handle):
     assert consumer_view["prefetch"] == 4 and consumer_view["unacknowledged"] == 4
 
     disconnect(consumer)  # its four unacknowledged messages go back
-    assert until(lambda: get(api, "/api/v1/queues/api.work")[1]["consumers"] == 0)
+    wait_until(lambda: get(api, "/api/v1/queues/api.work")[1]["consumers"] == 0, what="no consumers on api.work")
     queue = get(api, "/api/v1/queues/api.work")[1]
     assert (queue["ready"], queue["unacknowledged"]) == (8, 0)
     disconnect(producer)
@@ -126,7 +116,7 @@ def test_expired_and_dead_lettered_counts(api, handle):
         frame = received.wait_for(1)[0]
         received.messages.clear()
         consumer.nack(frame.headers["ack"])
-    assert until(lambda: get(api, "/api/v1/queues/api.failing")[1]["dead_lettered"] == 1)
+    wait_until(lambda: get(api, "/api/v1/queues/api.failing")[1]["dead_lettered"] == 1, what="one dead-lettered")
     assert get(api, "/api/v1/queues/api.expiring")[1]["expired"] == 1
     dlq = get(api, "/api/v1/queues/DLQ")[1]
     assert dlq["dead_letter_queue"] is True and dlq["ready"] >= 2
@@ -192,7 +182,8 @@ def test_topics_and_durable_subscriptions(api, handle):
         ("api-durable:news", "api-durable", "news", "topic://api.news", True),
     ]
     disconnect(listener)  # away: the durable subscription keeps what is published meanwhile
-    assert until(lambda: not get(api, "/api/v1/durable-subscriptions/api-durable%3Anews")[1]["active"])
+    wait_until(lambda: not get(api, "/api/v1/durable-subscriptions/api-durable%3Anews")[1]["active"],
+               what="the durable subscription inactive")
     producer.send("/topic/api.news", "while away")
     sync(producer, got)
     away = get(api, "/api/v1/durable-subscriptions/api-durable%3Anews")[1]
@@ -222,18 +213,20 @@ def test_mqtt_sessions_persistent_and_clean(api, handle):
     assert set(sessions["api-passer"]) == set(sessions["api-keeper"]) - {"expiry_interval", "disconnected_at"}
     passer.subscribe("$share/api-group/api/shared/#", 1)  # a shared group's consumer comes first
     passer.subscribe("api/passer/#", 1)
-    assert until(lambda: get(api, "/api/v1/mqtt-sessions/api-passer")[1]["subscriptions"] == ["topic://api.passer.>"])
+    wait_until(lambda: get(api, "/api/v1/mqtt-sessions/api-passer")[1]["subscriptions"] == ["topic://api.passer.>"],
+               what="api-passer's subscription")
     assert get(api, "/api/v1/mqtt-sessions/api-passer")[1]["consumers"] == 1
 
     mqtt_close(keeper)
-    assert until(lambda: not get(api, "/api/v1/mqtt-sessions/api-keeper")[1]["connected"])
+    wait_until(lambda: not get(api, "/api/v1/mqtt-sessions/api-keeper")[1]["connected"], what="api-keeper offline")
     sender, sender_got = connect(handle)
     sender.send("/topic/api.alerts.fire", "while away", headers={"persistent": "true"})
     sync(sender, sender_got)
     away = get(api, "/api/v1/mqtt-sessions/api-keeper")[1]
     assert away["ready"] == 1 and away["expiry_interval"] == 300 and away["disconnected_at"].endswith("Z")
     mqtt_close(passer)
-    assert until(lambda: get(api, "/api/v1/mqtt-sessions/api-passer")[0] == 404)  # a clean session ends with its connection
+    # A clean session ends with its connection.
+    wait_until(lambda: get(api, "/api/v1/mqtt-sessions/api-passer")[0] == 404, what="api-passer's session gone")
     disconnect(sender)
 
 
@@ -416,7 +409,7 @@ def test_ready_is_503_while_the_store_is_full(tmp_path):
         consumer, received = connect(handle)
         consumer.subscribe("/queue/big", id="1")
         received.wait_for(1)
-        assert until(lambda: get(api, "/api/v1/ready")[0] == 200)
+        wait_until(lambda: get(api, "/api/v1/ready")[0] == 200, what="ready")
         disconnect(consumer)
         disconnect(producer)
     finally:
@@ -439,7 +432,7 @@ def test_a_standby_answers_probes_then_takes_over_on_the_same_port(tmp_path):
         assert get(api, "/api/v1/queues")[0] == 503
         assert not started
         master.stop()
-        assert until(lambda: started)
+        wait_until(lambda: started, what="the standby to start once the master stopped")
         assert get(api, "/api/v1/ready") == (200, {"status": "ready", "role": "master"})
         assert get(api, "/api/v1/queues")[0] == 200
     finally:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,8 +21,7 @@ from protocols.bridge.settings import BridgeSettings, BridgeTopic
 from tests.integration.test_admin_auth import auth_config
 from tests.integration.test_admin_auth import call as auth_call
 from tests.integration.test_admin_streams import Api
-from tests.support import BrokerHandle, call, make_config, mqtt_close, mqtt_connect
-from tests.bridging import wait_until
+from tests.support import BrokerHandle, call, make_config, mqtt_close, mqtt_connect, wait_until
 from tests.system.test_ops_cli import gateway, rows
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,8 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
-def until(check: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    return wait_until(check, timeout, what)
+LINK = 15.0  # seconds a bridge's state may take to follow (its link reconnects with back-off)
 
 
 class Pair:
@@ -73,7 +71,7 @@ class Pair:
 def pair(tmp_path):
     handles = Pair(tmp_path)
     try:
-        until(lambda: handles.status()["state"] == "connected", "bridge tob connected")
+        wait_until(lambda: handles.status()["state"] == "connected", LINK, "bridge tob connected")
         yield handles
     finally:
         handles.stop()
@@ -125,7 +123,7 @@ def test_a_connected_bridge_counts_what_it_forwards_and_receives(pair):
     publish(pair.local, "t/x", 3, "pub-a")
     got_remote.wait_for(3)
     assert got_remote.payloads() == [b"m0", b"m1", b"m2"]
-    out = until(lambda: (o := pair.status()["out"])["forwarded"] == 3 and o, "3 forwarded")
+    out = wait_until(lambda: (o := pair.status()["out"])["forwarded"] == 3 and o, LINK, "3 forwarded")
     assert out["queued"] == 0 and out["inflight"] == 0 and out["refused"] == 0
 
     at_local, got_local = mqtt_connect(pair.local, "sub-a", version=5)
@@ -133,7 +131,7 @@ def test_a_connected_bridge_counts_what_it_forwards_and_receives(pair):
     got_local.wait_for(1, what="subacks")
     publish(pair.remote, "t/y", 2, "pub-b")
     got_local.wait_for(2)
-    until(lambda: pair.status()["in"]["received"] == 2, "2 received")
+    wait_until(lambda: pair.status()["in"]["received"] == 2, LINK, "2 received")
     assert got_remote.settle() and len(got_remote.messages) == 5  # B's own two, and nothing came back over the link
     mqtt_close(at_remote)
     mqtt_close(at_local)
@@ -154,13 +152,13 @@ def test_a_connected_bridge_counts_what_it_forwards_and_receives(pair):
 def test_a_remote_outage_shows_as_disconnected_with_the_reason_and_the_backlog(pair):
     connected_since = pair.status()["since"]
     pair.stop_remote()
-    down = until(lambda: (s := pair.status())["state"] == "disconnected" and s, "bridge tob disconnected")
+    down = wait_until(lambda: (s := pair.status())["state"] == "disconnected" and s, LINK, "bridge tob disconnected")
     assert down["last_error"]  # B said it was shutting down, or the connection was lost: either way, a reason
     assert down["since"] >= connected_since and ISO.match(down["since_iso"])
     assert bridge_metric(pair.api, "gateway_bridge_connected") == 0
 
     publish(pair.local, "t/x", 5, "pub-a")  # stored for B, confirmed to the publisher
-    until(lambda: pair.status()["out"]["queued"] == 5, "5 queued while B is down")
+    wait_until(lambda: pair.status()["out"]["queued"] == 5, LINK, "5 queued while B is down")
     assert bridge_metric(pair.api, "gateway_bridge_queued_messages") == 5
     assert bridge_metric(pair.api, "gateway_bridge_messages_total", direction="out") == 0
     assert pair.status()["state"] == "disconnected"  # reconnecting meanwhile, to no one
@@ -218,23 +216,23 @@ def test_sys_topics_give_the_link_state_as_mosquitto_and_the_bridge_figures(pair
         with got._cond:
             return {m.topic: m.payload for m in got.messages}
 
-    until(lambda: latest().get(state_topic) == b"1", "state 1 on $SYS")
+    wait_until(lambda: latest().get(state_topic) == b"1", LINK, "state 1 on $SYS")
     publish(pair.local, "t/x", 2, "pub-a")
-    until(lambda: latest().get("$SYS/broker/bridges/tob/forwarded") == b"2", "forwarded 2 on $SYS")
+    wait_until(lambda: latest().get("$SYS/broker/bridges/tob/forwarded") == b"2", LINK, "forwarded 2 on $SYS")
     assert latest()["$SYS/broker/bridges/tob/queued"] == b"0"
     assert latest()["$SYS/broker/bridges/tob/received"] == b"0"
 
     pair.stop_remote()
-    until(lambda: latest().get(state_topic) == b"0", "state 0 on $SYS once B is down")
+    wait_until(lambda: latest().get(state_topic) == b"0", LINK, "state 0 on $SYS once B is down")
     publish(pair.local, "t/x", 3, "pub-a")
-    until(lambda: latest().get("$SYS/broker/bridges/tob/queued") == b"3", "queued 3 on $SYS")
+    wait_until(lambda: latest().get("$SYS/broker/bridges/tob/queued") == b"3", LINK, "queued 3 on $SYS")
     mqtt_close(watcher)
 
     # Retained: a client connecting now has them at once; a bridge removed by a reload leaves none behind.
     sys_name = "$SYS.broker.connection." + client_id.replace(".", "/") + ".state"
     assert pair.local.inspect(pair.local.broker.retained.holds, sys_name)
     call(pair.local.gateway.bridges.reload, [])
-    until(lambda: not pair.local.inspect(pair.local.broker.retained.holds, sys_name), "state topic cleared")
+    wait_until(lambda: not pair.local.inspect(pair.local.broker.retained.holds, sys_name), LINK, "state topic cleared")
     assert not pair.local.inspect(pair.local.broker.retained.holds, "$SYS.broker.bridges.tob.queued")
     assert pair.local.inspect(pair.local.broker.retained.holds, "$SYS.broker.uptime")  # the others stay
 
@@ -244,7 +242,7 @@ def test_sys_topics_give_the_link_state_as_mosquitto_and_the_bridge_figures(pair
 
 def test_gateway_bridges_lists_them_and_shows_one(pair):
     publish(pair.local, "t/x", 2, "pub-a")
-    until(lambda: pair.status()["out"]["forwarded"] == 2, "2 forwarded")
+    wait_until(lambda: pair.status()["out"]["forwarded"] == 2, LINK, "2 forwarded")
 
     code, out, err = gateway(pair.local, "bridges")
     assert code == 0 and err == "", err
@@ -273,9 +271,9 @@ def test_gateway_bridges_lists_them_and_shows_one(pair):
     assert (code, out, err) == (0, "no bridges configured\n", "")
 
     pair.stop_remote()
-    until(lambda: pair.status()["state"] == "disconnected", "bridge tob disconnected")
+    wait_until(lambda: pair.status()["state"] == "disconnected", LINK, "bridge tob disconnected")
     publish(pair.local, "t/x", 4, "pub-a")
-    until(lambda: pair.status()["out"]["queued"] == 4, "4 queued")
+    wait_until(lambda: pair.status()["out"]["queued"] == 4, LINK, "4 queued")
     code, out, _ = gateway(pair.local, "bridges")
     [row] = rows(out)
     assert row[1] == "disconnected" and row[5:9] == ["4", "0", "2", "0"] and row[9] != "-"

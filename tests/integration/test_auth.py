@@ -16,7 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from core.access import Rule
 from core.stream import StreamSpec
 from gateway.auth.users import Cost, PasswordHash, write_lines
-from tests.support import BrokerHandle, Collector, MqttCollector, disconnect, make_config, mqtt_close
+from tests.support import BrokerHandle, Collector, MqttCollector, disconnect, make_config, mqtt_close, wait_until
 
 CHEAP = Cost(ln=10)  # the format and the flow; the production cost is tested in tests/unit/test_users.py
 PASSWORDS = {"dev1": "d1-secret", "dev2": "d2-secret", "ops": "o-secret", "keeper": "k-secret"}
@@ -81,12 +81,8 @@ def stomp_login(
 
 
 def connack(codes: list[Any]) -> list[Any]:
-    """The CONNACK codes paho saw within 5 s (``codes`` filled by its on_connect)."""
-    import time
-
-    deadline = time.monotonic() + 5
-    while not codes and time.monotonic() < deadline:
-        time.sleep(0.02)
+    """The CONNACK codes paho saw (``codes`` filled by its on_connect), once there is one."""
+    wait_until(lambda: codes, what="the CONNACK")
     return codes
 
 
@@ -157,12 +153,8 @@ def paho(broker: BrokerHandle, client_id: str, version: int, user: str | None, p
     (5, None, None, "Not authorized"),                    # 5.0 0x87
 ])
 def test_mqtt_refused_logins(broker, version, user, password, expected):
-    import time
-
     client, codes = paho(broker, f"refused-{version}-{user}", version, user, password)
-    deadline = time.monotonic() + 5
-    while not codes and time.monotonic() < deadline:
-        time.sleep(0.02)
+    connack(codes)
     client.loop_stop()
     # paho names 3.1.1's return codes 4 and 5 as 5.0's; the bytes are checked in tests/unit/test_mqtt_session.py
     # and by mosquitto_sub below.
@@ -265,11 +257,7 @@ def test_failed_logins_ban_the_address_and_everything_is_audited(tmp_path):
         banned = stomp_refused(handle, "ops", PASSWORDS["ops"])
         assert banned.headers["message"] == "Access refused" and "too many failed logins from this address" in banned.body
         client, codes = paho(handle, "banned-mqtt", 5, "ops", PASSWORDS["ops"])
-        import time
-
-        deadline = time.monotonic() + 5
-        while not codes and time.monotonic() < deadline:
-            time.sleep(0.02)
+        connack(codes)
         client.loop_stop()
         assert [c.value for c in codes] == [0x86]
     finally:
@@ -290,8 +278,6 @@ def test_failed_logins_ban_the_address_and_everything_is_audited(tmp_path):
 
 
 def test_connections_per_user_are_limited(tmp_path):
-    import time
-
     users = tmp_path / "users"
     write_lines(str(users), [f"ops:{PasswordHash.make(PASSWORDS['ops'].encode(), CHEAP)}"])
     config = make_config(tmp_path, max_connections_per_user=2)
@@ -309,16 +295,12 @@ def test_connections_per_user_are_limited(tmp_path):
         (error,) = got.wait_for(1, what="errors")
         assert error.headers["message"] == "Connection refused" and "max_connections_per_user" in error.body
         client, codes = paho(handle, "ops-third", 5, "ops", PASSWORDS["ops"])
-        deadline = time.monotonic() + 5
-        while not codes and time.monotonic() < deadline:
-            time.sleep(0.02)
+        connack(codes)
         client.loop_stop()
         assert [c.value for c in codes] == [0x97]  # quota exceeded
         disconnect(first)  # a connection closes: there is room again
-        deadline = time.monotonic() + 5
-        while handle.inspect(lambda: sum(c.user == "ops" for c in handle.broker.connections.values())) > 1 \
-            and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: handle.inspect(lambda: sum(c.user == "ops" for c in handle.broker.connections.values())) <= 1,
+                   what="the closed connection of ops to leave the count")
         again, _ = stomp_login("ops", handle=handle)
         assert again.is_connected()
         disconnect(again)
@@ -438,8 +420,6 @@ def test_the_dead_letter_queue_needs_admin(broker):
 
 
 def test_owners_of_durable_subscriptions_and_sessions_survive_a_restart(tmp_path):
-    import time
-
     users = tmp_path / "users"
     write_lines(str(users), [f"{n}:{PasswordHash.make(PASSWORDS[n].encode(), CHEAP)}" for n in ("dev1", "ops")])
     config = make_config(tmp_path)
@@ -460,9 +440,7 @@ def test_owners_of_durable_subscriptions_and_sessions_survive_a_restart(tmp_path
         props.SessionExpiryInterval = 3600
         client.connect(handle.host, handle.mqtt_port, 30, clean_start=False, properties=props)
         client.loop_start()
-        deadline = time.monotonic() + 5
-        while not client.is_connected() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(client.is_connected, what="the CONNACK")
         mqtt_close(client)
     finally:
         handle.stop()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.support import (
     mqtt_close,
     mqtt_connect,
     sync,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -34,17 +34,6 @@ def handle(tmp_path_factory):
     broker = BrokerHandle(make_config(tmp_path_factory.mktemp("console-support"), traffic_history_interval=0.1))
     yield broker
     broker.stop()
-
-
-def until(check: Any, timeout: float = 10.0) -> Any:
-    """Poll ``check`` (state another thread changes) until it is true; its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            assert value, "the condition did not come true in time"
-            return value
-        time.sleep(0.02)
 
 
 # -- the history of message rates ------------------------------------------------------------
@@ -63,8 +52,9 @@ def test_history_holds_the_totals_the_overview_gives_with_rates_between_samples(
     received, sent = overview["messages"]["received"], overview["messages"]["sent"]
     assert received >= 30 and sent >= 30
     # The barrier: a sample taken after the traffic (every 0.1 s here).
-    status, history = until(lambda: (answer := api.json("GET", "/api/v1/overview/history"))
-                            and answer[1]["samples"][-1]["received"] >= received and answer)
+    status, history = wait_until(lambda: (answer := api.json("GET", "/api/v1/overview/history"))
+                                 and answer[1]["samples"][-1]["received"] >= received and answer,
+                                 10, "a history sample taken after the traffic")
     assert status == 200
     assert history["interval_seconds"] == 0.1 and history["window_seconds"] == 300
     samples = history["samples"]
@@ -155,7 +145,7 @@ def test_an_operators_close_of_a_stomp_client_is_logged_as_such(handle, log_line
     assert got.disconnected.wait(5)
     assert [e.headers["message"] for e in got.errors] == ["maintenance window"]  # the client is still told why
     label = f"[{conn_id} log-stomp]"
-    until(lambda: f"{label} closed by an operator: maintenance window" in log_lines)
+    wait_until(lambda: f"{label} closed by an operator: maintenance window" in log_lines, 10, "the log line of the close")
     assert not [line for line in log_lines if line.startswith(label) and "protocol error" in line]
 
 
@@ -170,7 +160,7 @@ def test_an_operators_close_of_an_mqtt_client_is_logged_as_such(handle, log_line
         assert status == 200
         got.wait_for(1, what="disconnects")
         pattern = re.compile(rf"^\[127\.0\.0\.1:\d+ {client_id}\] closed by an operator: rebalancing$")
-        until(lambda: any(pattern.match(line) for line in log_lines))
+        wait_until(lambda: any(pattern.match(line) for line in log_lines), 10, "the log line of the close")
         assert not [line for line in log_lines if client_id in line and "protocol error" in line]
     finally:
         mqtt_close(device)

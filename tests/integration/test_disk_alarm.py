@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from typing import Any, Iterator
@@ -19,7 +18,6 @@ import pytest
 
 from core.stream_config import StreamSpec
 from protocols.mqtt import codec as mq
-from tests.integration.test_flow_control import wait_stable
 from tests.support import (
     BrokerHandle,
     RawMqtt,
@@ -29,6 +27,8 @@ from tests.support import (
     make_config,
     mqtt_close,
     mqtt_connect,
+    wait_stable,
+    wait_until,
 )
 
 BODY = "x" * 1000
@@ -91,10 +91,9 @@ def test_below_the_floor_producers_of_stored_messages_are_held_and_resume_when_s
     watcher, wgot = mqtt_connect(handle, "sys-watcher")
     watcher.subscribe("$SYS/broker/store/alarm", qos=0)
     wgot.wait_for(1, what="subacks")
-    deadline = time.monotonic() + 5  # the retained figure from before the alarm first, then the next interval's
-    while not any(b"below disk_free_limit" in m.payload for m in wgot.messages) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert any(b"below disk_free_limit" in m.payload for m in wgot.messages), [m.payload for m in wgot.messages]
+    # The retained figure from before the alarm first, then the next interval's.
+    wait_until(lambda: any(b"below disk_free_limit" in m.payload for m in wgot.messages),
+               what=lambda: f"the alarm on $SYS, got {[m.payload for m in wgot.messages]}")
     mqtt_close(watcher)
 
     producer, pgot = connect(handle)
@@ -142,9 +141,7 @@ def test_a_stream_records_every_message_so_below_the_floor_even_qos0_publishers_
     stored = wait_stable(records)
     assert 1 <= stored < 200, f"{stored} records: the QoS 0 publisher to a stream was not held"
     set_floor(handle, 0)
-    deadline = time.monotonic() + 10
-    while records() < 200 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: records() >= 200, 10, lambda: f"200 records once there is room, {records()} so far")
     assert records() == 200
     mqtt_close(publisher)
 

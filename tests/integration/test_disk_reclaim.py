@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import os
-import time
 
-from tests.support import BrokerHandle, call, connect, disconnect, make_config
+from tests.support import BrokerHandle, call, connect, disconnect, make_config, wait_until
 
 
 def disk_usage(path: str) -> int:
@@ -28,7 +27,7 @@ def test_consumed_messages_give_their_space_back(tmp_path):
             pgot.wait_for(r + 1, what="receipts", timeout=30)
             cgot.wait_for((r + 1) * per_round, timeout=30)
         written = rounds * per_round * len(body)
-        time.sleep(0.2)
+        wait_until(lambda: handle.queue_depth("queue://churn") == 0, what="every message acked (deleted from the store)")
         assert call(handle.gateway.reclaim) is True
         store = call(lambda: handle.gateway.store)
         call(store.db.flush)

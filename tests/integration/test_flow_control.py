@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from protocols.mqtt import codec as mq
-from tests.support import RawMqtt, bodies, connect, disconnect, mqtt_close, mqtt_connect
+from tests.support import RawMqtt, bodies, connect, disconnect, mqtt_close, mqtt_connect, wait_stable, wait_until
 
 BODY = "x" * 1000
 LIMIT = 40_000  # about 37 messages of 1000 bytes
@@ -27,20 +26,6 @@ def send_with_receipts(conn, got, destination, count):
     return thread, sent
 
 
-def wait_stable(read, quiet=0.5, timeout=10):
-    """Wait until read() stops changing for ``quiet`` seconds; returns its value."""
-    deadline = time.monotonic() + timeout
-    last, since = read(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return now
-    raise AssertionError("kept changing")
-
-
 @pytest.mark.policy(store_limit=LIMIT, store_full_policy="block")
 def test_stomp_producer_is_held_at_the_limit_and_resumes(broker):
     producer, pgot = connect(broker, "1.2")
@@ -52,12 +37,15 @@ def test_stomp_producer_is_held_at_the_limit_and_resumes(broker):
     consumer, cgot = connect(broker, "1.2")
     consumer.subscribe("/queue/full", id="c", ack="client-individual", headers={"activemq.prefetchSize": "20"})
     acked = 0
-    deadline = time.monotonic() + 20
-    while acked < 120 and time.monotonic() < deadline:
-        for message in cgot.messages[acked:]:
+
+    def acked_all() -> bool:
+        nonlocal acked
+        for message in cgot.messages[acked:]:  # each acked as it comes: room for the held producer
             consumer.ack(message.headers["ack"])
             acked += 1
-        time.sleep(0.01)
+        return acked >= 120
+
+    wait_until(acked_all, 20, lambda: f"120 messages consumed and acked, {acked} so far")
     thread.join(10)
     assert len(pgot.wait_for(120, what="receipts", timeout=10)) == 120
     assert [b[:4] for b in bodies(cgot.messages)] == [f"{i:04d}" for i in range(120)]
@@ -76,10 +64,8 @@ def test_mqtt_publisher_is_held_at_the_limit_and_resumes(broker):
     acked = wait_stable(lambda: sum(i.is_published() for i in infos))
     assert 30 <= acked < 100, f"{acked} PUBACKs: the publisher was not held"
     sub, sub_got = mqtt_connect(broker, "keeper", clean=False)  # drains the session
-    deadline = time.monotonic() + 20
-    while sum(i.is_published() for i in infos) < 100 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(i.is_published() for i in infos)
+    wait_until(lambda: all(i.is_published() for i in infos), 20,
+               lambda: f"100 PUBACKs once the session drains, {sum(i.is_published() for i in infos)} so far")
     payloads = [m.payload[:4].decode() for m in sub_got.wait_for(100, timeout=10)]
     assert sorted(set(payloads)) == [f"{i:04d}" for i in range(100)]
     mqtt_close(publisher)
@@ -156,9 +142,13 @@ def test_http_publish_waits_for_room_and_is_answered_even_when_refused_then(brok
     ok = threading.Thread(target=lambda: answers.append(_post_json_lines(broker, [
         {"destination": "/queue/later", "body": "b", "persistent": True},
     ])))
+    def waiting_for_space() -> int:
+        return broker.inspect(lambda: len(broker.broker.store_usage.waiters))
+
+    before = waiting_for_space()  # the STOMP producer's hold, if it is held
     held.start()
-    time.sleep(0.5)
-    assert held.is_alive(), "the POST was not held while the store is full"
+    wait_until(lambda: waiting_for_space() > before, what="the POST waiting for room in the store")
+    assert held.is_alive(), "the POST was answered while the store is full"
     disconnect(owner)  # its temporary queue goes with it
     consumer, got = connect(broker, "1.2")
     consumer.subscribe("/queue/full", id="c")

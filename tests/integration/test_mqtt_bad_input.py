@@ -18,7 +18,7 @@ import pytest
 
 from protocols.mqtt import codec as mq
 from protocols.mqtt.codec import encode_variable_byte_integer
-from tests.support import BrokerHandle, RawMqtt, make_config, mqtt_close, mqtt_connect
+from tests.support import BrokerHandle, RawMqtt, make_config, mqtt_close, mqtt_connect, wait_until
 
 MAX_PACKET = 1024
 
@@ -54,14 +54,6 @@ def connect_bytes(level: int, client_id: str) -> bytes:
 
 
 # -- the broker under attack and what must survive ---------------------------------
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def detached(handle: BrokerHandle, client_id: str) -> bool:
@@ -247,7 +239,7 @@ def test_abrupt_disconnect_mid_packet(small, level):
         assert r.read().reason_code == 0
         whole = publish_bytes(level, "mid/t", b"half a message" * 10, qos=1)
         r.send(whole[: len(whole) // 2])
-        time.sleep(0.05)
+        wait_until(lambda: len(whole) // 2 in small.unfinished(), what="the broker to hold the half PUBLISH")
         r.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         r.close()
         # An abnormal loss: the will goes out; the half PUBLISH does not.
@@ -372,19 +364,19 @@ def test_connection_that_never_sends_connect_is_closed(tmp_path):
             start = time.monotonic()
             partial.sendall(connect_bytes(4, "slow")[:5])  # a CONNECT that never completes
             for sock in (silent, partial):
-                sock.settimeout(max(0.1, start + 3 - time.monotonic()))
+                sock.settimeout(max(0.1, start + 10 - time.monotonic()))
                 try:
                     assert sock.recv(100) == b""
                 except ConnectionResetError:
                     pass
-            elapsed = time.monotonic() - start
-            assert 0.4 <= elapsed <= 2.0, elapsed
+            # Not before the 0.5 s connect timeout: a lower bound no slow machine can break.
+            assert time.monotonic() - start >= 0.4
         finally:
             silent.close()
             partial.close()
         # A prompt client is not affected.
         client, got = mqtt_connect(handle, "prompt", version=4)
-        time.sleep(0.7)
+        time.sleep(0.7)  # waiting for an absence: past the 0.5 s connect timeout, no disconnect
         assert got.disconnects == []
         mqtt_close(client)
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 
 import pytest
 
@@ -19,33 +18,16 @@ from tests.support import (
     mqtt_close,
     mqtt_connect,
     sync,
+    wait_until,
 )
+from tests.support import mqtt_publish as publish
+from tests.support import mqtt_subscribe as subscribe
 
 # -- helpers -----------------------------------------------------------------
 
 
-def subscribe(client, got, *filters):
-    n = len(got.subacks)
-    client.subscribe(list(filters))
-    return [rc.value for rc in got.wait_for(n + 1, what="subacks")[n]]
-
-
-def publish(client, topic, payload, qos=0, retain=False):
-    info = client.publish(topic, payload, qos, retain)
-    info.wait_for_publish(5)
-    assert info.is_published()
-
-
 def session_present(got, index=-1):
     return got.connacks[index][0].session_present
-
-
-def wait_until(predicate, timeout=5.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def crash(client):

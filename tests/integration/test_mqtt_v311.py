@@ -9,23 +9,11 @@ import time
 import pytest
 
 from protocols.mqtt import codec as mq
-from tests.support import RawMqtt, mqtt_close, mqtt_connect
+from tests.support import RawMqtt, mqtt_close, mqtt_connect, mqtt_unsubscribe, wait_until
+from tests.support import mqtt_publish as publish
+from tests.support import mqtt_subscribe as subscribe
 
 # -- helpers -----------------------------------------------------------------
-
-
-def subscribe(client, got, *filters):
-    """SUBSCRIBE (topic, qos) pairs and return the granted codes of the SUBACK."""
-    n = len(got.subacks)
-    client.subscribe(list(filters))
-    return [rc.value for rc in got.wait_for(n + 1, what="subacks")[n]]
-
-
-def publish(client, topic, payload, qos=0, retain=False):
-    info = client.publish(topic, payload, qos, retain)
-    info.wait_for_publish(5)
-    assert info.is_published()
-    return info
 
 
 def raw(broker, client_id="raw", clean=True, level=4, keep_alive=60):
@@ -147,15 +135,21 @@ def test_pingreq_gets_pingresp(broker):
     r.close()
 
 
-def test_keep_alive_silence_disconnects_after_one_and_a_half_periods(broker):
+def test_keep_alive_silence_disconnects_on_the_reactors_clock(broker):
+    """The wiring: a silent client is closed over a real socket by the running reactor's timer.
+
+    When (1.5 keep-alive periods, not sooner, not half a period later) is
+    tests/unit/test_mqtt_session.py's test_keep_alive_silence_closes_and_publishes_the_will
+    on a virtual clock, for 3.1.1 and 5.0; here only the lower bound, which no
+    slow machine can break: nothing closes a client within its keep-alive period.
+    """
     r = RawMqtt(broker)
     start = time.monotonic()
     ack = r.connect("sleepy", keep_alive=1)
     assert ack.reason_code == 0
-    assert not r.closed_by_peer(1.2), "disconnected before 1.5 keep-alive periods"
-    assert r.closed_by_peer(1.5), "still connected long after 1.5 keep-alive periods"
-    elapsed = time.monotonic() - start
-    assert 1.2 <= elapsed <= 2.6, elapsed
+    assert r.closed_by_peer(10), "a silent client kept its connection long after 1.5 keep-alive periods"
+    assert time.monotonic() - start >= 1.0, "closed within the keep-alive period"
+    assert r.received == [], "3.1.1 has no DISCONNECT from the server: the socket just closes"
 
 
 def test_keep_alive_pings_keep_the_connection(broker):
@@ -164,7 +158,7 @@ def test_keep_alive_pings_keep_the_connection(broker):
     while time.monotonic() < deadline:
         r.packet(mq.Pingreq())
         assert isinstance(r.read(), mq.Pingresp)
-        time.sleep(0.5)
+        time.sleep(0.5)  # the broker's own timer under test: pings 0.5 s apart, over 1.5 keep-alive periods of 1 s
     r.packet(mq.Pingreq())
     assert isinstance(r.read(), mq.Pingresp)
     r.close()
@@ -218,13 +212,7 @@ def test_unsubscribe_gets_unsuback_and_stops_delivery(mqtt):
     publish(pub, "u/a", b"a1", qos=1)
     assert got.wait_for(1)[0].payload == b"a1"
 
-    unsubacks = []
-    sub.on_unsubscribe = lambda c, u, mid, codes, props: unsubacks.append(mid)
-    _, mid = sub.unsubscribe("u/a")
-    deadline = time.monotonic() + 5
-    while mid not in unsubacks and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert mid in unsubacks, "no UNSUBACK"
+    mqtt_unsubscribe(sub, got, "u/a")  # returns on the UNSUBACK
 
     publish(pub, "u/a", b"a2", qos=1)
     publish(pub, "u/b", b"b1", qos=1)  # a marker after the message that must not come
@@ -475,11 +463,8 @@ def test_sys_topics_are_retained_figures(mqtt):
     assert subscribe(sub, got, ("$SYS/#", 0)) == [0]
     wanted = {"$SYS/broker/uptime", "$SYS/broker/clients/connected", "$SYS/broker/messages/received", "$SYS/broker/version",
               "$SYS/broker/store/bytes"}
-    deadline = time.monotonic() + 5
-    while not wanted <= set(topics(got.messages)) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: wanted <= set(topics(got.messages)), what=lambda: f"{sorted(wanted)} among {topics(got.messages)}")
     by_topic = {m.topic: m for m in got.messages}
-    assert wanted <= set(by_topic), sorted(by_topic)
     assert all(by_topic[t].retain for t in wanted)
     assert by_topic["$SYS/broker/uptime"].payload.decode().endswith("seconds")
     assert by_topic["$SYS/broker/clients/connected"].payload.decode().isdigit()

@@ -30,7 +30,12 @@ from tests.support import (
     make_config,
     mqtt_close,
     mqtt_connect,
+    mqtt_publish,
+    mqtt_subscribe,
+    mqtt_unsubscribe,
     sync,
+    wait_past,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -107,31 +112,23 @@ def paho() -> Iterator[Callable[..., Any]]:
 # -- helpers -------------------------------------------------------------------
 
 
-def wait_receipt(got: Any, receipt: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while receipt not in got.receipts:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no RECEIPT {receipt}")
-        time.sleep(0.005)
-
-
 def send(conn: Any, got: Any, destination: str, body: str, **headers: str) -> None:
     """A SEND whose RECEIPT (sent once the message is on disk) is waited for."""
     receipt = f"r-{next(_receipts)}"
     conn.send(destination, body, headers={**headers, "receipt": receipt})
-    wait_receipt(got, receipt)
+    got.wait_receipt(receipt)
 
 
 def ack(conn: Any, got: Any, message: Any) -> None:
     receipt = f"a-{next(_receipts)}"
     conn.ack(message.headers["ack"], receipt=receipt)
-    wait_receipt(got, receipt)
+    got.wait_receipt(receipt)
 
 
 def frame(conn: Any, got: Any, command: str, **headers: str) -> None:
     receipt = f"f-{next(_receipts)}"
     conn.send_frame(command, {**headers, "receipt": receipt})
-    wait_receipt(got, receipt)
+    got.wait_receipt(receipt)
 
 
 def durable_sub(conn: Any, destination: str, name: str, ack_mode: str = "auto", sub_id: str = "d") -> None:
@@ -157,18 +154,6 @@ def records(handle: BrokerHandle, kind: str) -> list[str]:
         return [key for key, _ in store.iter_records(kind)]
 
     return handle.inspect(read)
-
-
-def mqtt_subscribe(client: Any, got: Any, *filters: tuple[str, int]) -> list[int]:
-    n = len(got.subacks)
-    client.subscribe(list(filters))
-    return [rc.value for rc in got.wait_for(n + 1, what="subacks")[n]]
-
-
-def mqtt_publish(client: Any, topic: str, payload: bytes, qos: int = 0, retain: bool = False, **kwargs: Any) -> None:
-    info = client.publish(topic, payload, qos, retain, **kwargs)
-    info.wait_for_publish(5)
-    assert info.is_published()
 
 
 def read_until_pingresp(r: RawMqtt) -> list[Any]:
@@ -453,7 +438,7 @@ def test_dead_lettered_message_is_in_the_dlq_after_a_restart(brokers, clients):
     (message,) = got.wait_for(1)
     receipt = "nack-1"
     conn.nack(message.headers["ack"], receipt=receipt)
-    wait_receipt(got, receipt)
+    got.wait_receipt(receipt)
     assert h.queue_bodies("queue://DLQ") == [b"poison"]
     disconnect(conn)
 
@@ -727,11 +712,12 @@ def test_acks_in_an_uncommitted_transaction_are_undone_by_a_restart(brokers, cli
 def test_message_expiring_while_the_broker_is_down_goes_to_the_dlq(brokers, clients):
     h = brokers.start()
     conn, got = clients(h)
-    send(conn, got, "/queue/restart.expiring", "short", persistent="true", expires=str(int(time.time() * 1000) + 300))
+    expires = int(time.time() * 1000) + 300
+    send(conn, got, "/queue/restart.expiring", "short", persistent="true", expires=str(expires))
     send(conn, got, "/queue/restart.expiring", "long", persistent="true")
     disconnect(conn)
     brokers.stop(h)
-    time.sleep(0.4)
+    wait_past(expires, "'short' to expire while the broker is down")
     h2 = brokers.start()
     conn, got = clients(h2)
     conn.subscribe("/queue/restart.expiring", id="1")
@@ -773,11 +759,16 @@ def test_mqtt_v5_session_expiry_counts_from_the_disconnect_not_from_the_restart(
     assert mqtt_subscribe(sub, got, ("exp5/#", 1)) == [1]
     mqtt_close(sub)
     left = time.monotonic()
-    time.sleep(1.2)
+    # Counting the 2 s from the restart would end them at 3 s or later, from the disconnect at 2 s.
+    time.sleep(1.0)  # a real clock window: the restart comes 1 s after the disconnect
     h2 = brokers.restart(h)
-    while time.monotonic() - left < 2.4:
-        time.sleep(0.05)
-    # 2.4 s after the disconnect, 2 s of expiry: the session is over.
+
+    def session_kept() -> bool:
+        return h2.inspect(lambda: "restart-v5-expiry" in h2.gateway.mqtt_hub.clients)
+
+    assert session_kept(), "the session did not survive the restart"
+    wait_until(lambda: not session_kept(), what="the session to expire on the new broker")
+    assert time.monotonic() - left < 2.8, "the session expiry counted from the restart, not from the disconnect"
     _, again_got = paho(h2, "restart-v5-expiry", version=5, clean=False)
     assert not again_got.connacks[-1][0].session_present
 
@@ -786,8 +777,7 @@ def test_ended_mqtt_session_stays_ended_after_a_restart(brokers, paho):
     h = brokers.start()
     sub, got = paho(h, "restart-ended", clean=False)
     assert mqtt_subscribe(sub, got, ("ended/#", 1), ("kept/#", 1)) == [1, 1]
-    sub.unsubscribe("ended/#")
-    time.sleep(0.2)
+    mqtt_unsubscribe(sub, got, "ended/#")
     mqtt_close(sub)
     pub, _ = paho(h, "restart-ended-pub")
     mqtt_publish(pub, "ended/x", b"no", qos=1)
@@ -861,6 +851,10 @@ class HeldSyncs:
     def held(self) -> int:
         return call(len, self.jobs)
 
+    def waiting(self) -> int:
+        """Confirmations (a turn's RECEIPTs and PUBACKs of a session, one callback) the store releases once synced."""
+        return call(lambda: sum(len(callbacks) for _, callbacks in self.store._unsynced) + len(self.store._callbacks))
+
     def finish_all(self) -> None:
         def run() -> None:
             while self.jobs:
@@ -880,15 +874,20 @@ def test_receipts_and_pubacks_of_stored_messages_wait_for_their_fsync(tmp_path):
     handle = BrokerHandle(make_config(tmp_path))
     try:
         syncs = HeldSyncs(handle)
-        keeper, _ = mqtt_connect(handle, "sync-keeper", clean=False)
-        keeper.subscribe("sync/#", 1)
-        time.sleep(0.3)
-        syncs.finish_all()  # the subscription's own write
+        keeper, keeper_got = mqtt_connect(handle, "sync-keeper", clean=False)
+        mqtt_subscribe(keeper, keeper_got, ("sync/#", 1))
+        mqtt_close(keeper)  # its session stores QoS 1 messages while it is away
+        wait_until(lambda: handle.inspect(lambda: handle.gateway.mqtt_hub.clients["sync-keeper"].live is None),
+                   what="the keeper's session offline")
+        assert syncs.waiting() == 0
         client, got = connect(handle)
         client.send("/queue/sync.check", "stored", headers={"persistent": "true"}, receipt="r1")
+        # The barriers: each confirmation handed to the store, to go out once a sync covers its write.
+        # One released at once, before any fsync (the bug), never waits there.
+        wait_until(lambda: syncs.waiting() == 1, what="the RECEIPT waiting for the sync")
         publisher, _ = mqtt_connect(handle, "sync-publisher")
         info = publisher.publish("sync/x", b"stored for the keeper", qos=1)
-        time.sleep(0.5)
+        wait_until(lambda: syncs.waiting() == 2, what="the PUBACK waiting for the sync")
         assert got.receipts == [] and not info.is_published() and syncs.held() >= 1
         syncs.finish_all()
         got.wait_for(1, what="receipts")

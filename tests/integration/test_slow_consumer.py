@@ -54,6 +54,7 @@ from tests.support import (
     mqtt_close,
     mqtt_connect,
     sync,
+    wait_until,
 )
 
 LIMIT = 256 * 1024          # queue_memory_limit of every broker here
@@ -136,7 +137,7 @@ class SlowStomp:
                 if chunks % every == 0:
                     probe()
                 if pause:
-                    time.sleep(pause)
+                    time.sleep(pause)  # the behaviour under test: a reader that is slow, not dead
         return got
 
     def nothing_more(self) -> bool:
@@ -192,7 +193,7 @@ class SlowMqtt:
                 if chunks % every == 0:
                     probe()
                 if pause:
-                    time.sleep(pause)
+                    time.sleep(pause)  # the behaviour under test: a reader that is slow, not dead
         if acks:
             self.sock.sendall(b"".join(acks))
         return got
@@ -328,14 +329,6 @@ class Watch:
         )
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.01)
-
-
 # -- the other destinations --------------------------------------------------------------
 
 
@@ -411,7 +404,7 @@ def run_scenario(
     watch = Watch(broker)
     try:
         flood(0, SLOW)
-        wait_until(lambda: not slow_state(broker)["credit"], "the slow consumer has no credit")
+        wait_until(lambda: not slow_state(broker)["credit"], DEADLINE, "the slow consumer to have no credit")
         stuck = slow_state(broker)
         assert stuck["paged"] > 0, f"the backlog never went beyond the memory limit: {stuck!r}"
 
@@ -488,7 +481,7 @@ def test_a_slow_disk_does_not_move_the_backlog_onto_the_socket(broker: BrokerHan
     sync_wal = RocksStore._sync_wal
 
     def slow_sync(store: RocksStore) -> None:
-        time.sleep(0.05)  # on the store's worker thread, as a slow fsync is
+        time.sleep(0.05)  # a slow disk, simulated: each fsync takes 50 ms on the store's worker thread
         sync_wal(store)
 
     monkeypatch.setattr(RocksStore, "_sync_wal", slow_sync)
@@ -545,7 +538,7 @@ def test_backlog_of_a_slow_subscriber_stays_paged_on_a_busy_broker(broker: Broke
     else:
         slow = SlowStomp(broker, "/topic/slow")
         flood_stomp(broker, "/topic/slow", 0, BACKLOG, persistent=False)
-    wait_until(lambda: not slow_state(broker)["credit"], "the slow subscriber has no credit")
+    wait_until(lambda: not slow_state(broker)["credit"], DEADLINE, "the slow subscriber to have no credit")
     stop = threading.Event()
     busy = threading.Thread(target=busy_elsewhere, args=(broker, stop), daemon=True)
     busy.start()

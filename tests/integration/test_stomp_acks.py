@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from tests.support import RawStomp, bodies, drop, leave, sync
+from tests.support import RawStomp, bodies, drop, leave, sync, wait_past, wait_until
 
 # -- helpers -----------------------------------------------------------------
 
@@ -303,11 +303,12 @@ def now_ms():
 
 def test_expired_messages_never_delivered_and_go_to_dlq(broker, client):
     conn, got = client()
+    soon = now_ms() + 200
     conn.send("/queue/expiry", "past", headers={"expires": str(now_ms() - 1000)})
-    conn.send("/queue/expiry", "soon", headers={"expires": str(now_ms() + 200)})
+    conn.send("/queue/expiry", "soon", headers={"expires": str(soon)})
     conn.send("/queue/expiry", "forever")
     sync(conn, got)
-    time.sleep(0.3)
+    wait_past(soon, "'soon' to expire while stored")
     conn.subscribe("/queue/expiry", id="s1")
     assert bodies(got.wait_for(1)) == ["forever"]
     assert bodies(got.settle(0.2)) == ["forever"]
@@ -322,11 +323,12 @@ def test_expired_messages_never_delivered_and_go_to_dlq(broker, client):
 def test_message_expiring_while_consumer_busy_is_skipped(broker, client):
     conn, got = client()
     conn.subscribe("/queue/busy", id="s1", ack="client-individual", headers={"activemq.prefetchSize": "1"})
+    short = now_ms() + 200
     conn.send("/queue/busy", "first")
-    conn.send("/queue/busy", "short-lived", headers={"expires": str(now_ms() + 200)})
+    conn.send("/queue/busy", "short-lived", headers={"expires": str(short)})
     conn.send("/queue/busy", "last")
     (first,) = got.wait_for(1)
-    time.sleep(0.3)
+    wait_past(short, "'short-lived' to expire while the consumer holds 'first'")
     conn.ack(first.headers["ack"])
     second = got.wait_for(2)[1]
     assert second.body == "last"
@@ -339,21 +341,19 @@ def test_expired_messages_leave_an_idle_queue(broker, client):
     conn.send("/queue/idle", "soon", headers={"expires": str(now_ms() + 100)})
     sync(conn, got)
     assert broker.queue_depth("queue://idle") == 1
-    deadline = time.monotonic() + 2
-    while broker.queue_depth("queue://idle") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert broker.queue_depth("queue://idle") == 0
+    wait_until(lambda: broker.queue_depth("queue://idle") == 0, what="the expiry check to empty the idle queue")
     assert broker.queue_bodies("queue://DLQ") == [b"soon"]
 
 
 @pytest.mark.policy(expired_to_dlq=False)
 def test_expired_messages_dropped_when_policy_says_so(broker, client):
     conn, got = client()
+    soon = now_ms() + 200
     conn.send("/queue/drop", "past", headers={"expires": str(now_ms() - 1000)})
-    conn.send("/queue/drop", "soon", headers={"expires": str(now_ms() + 200)})
+    conn.send("/queue/drop", "soon", headers={"expires": str(soon)})
     conn.send("/queue/drop", "forever")
     sync(conn, got)
-    time.sleep(0.3)
+    wait_past(soon, "'soon' to expire while stored")
     conn.subscribe("/queue/drop", id="s1")
     assert bodies(got.wait_for(1)) == ["forever"]
     assert bodies(got.settle(0.2)) == ["forever"]

@@ -9,14 +9,13 @@ from __future__ import annotations
 import re
 import socket
 import struct
-import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pytest
 
 from protocols.stomp.codec import Frame
-from tests.support import BrokerHandle, RawStomp, connect, disconnect, make_config
+from tests.support import BrokerHandle, RawStomp, connect, disconnect, make_config, wait_until
 
 MAX_FRAME = 1024
 MAX_HEADERS = 20
@@ -397,6 +396,11 @@ def _reset(c: RawStomp) -> None:
     c.sock.close()
 
 
+def _all_gone(handle: BrokerHandle) -> None:
+    """The barrier after a client's close or reset: the broker has handled every connection's loss."""
+    wait_until(lambda: handle.sessions() == 0, what="the broker to see the connection lost")
+
+
 @pytest.mark.parametrize(
     "partial",
     [
@@ -411,12 +415,12 @@ def _reset(c: RawStomp) -> None:
 def test_socket_closed_mid_frame_loses_nothing_and_stores_nothing(small, partial, how):
     c = bad_client(small, "1.2")
     c.send(partial)
-    time.sleep(0.05)
+    wait_until(lambda: len(partial) in small.unfinished(), what="the broker to hold the unfinished frame")
     if how == "reset":
         _reset(c)
     else:
         c.close()
-    time.sleep(0.1)
+    _all_gone(small)
     assert_still_serving(small)  # the partial SEND was not stored, the kept ones are intact
 
 
@@ -453,7 +457,7 @@ def test_consumer_gone_mid_transaction_its_acks_are_undone_and_sends_dropped(sma
     c.frame("SEND", {"destination": KEEP, "transaction": "t", "receipt": "r"}, b"uncommitted")
     assert c.read().headers["receipt-id"] == "r"
     _reset(c)
-    time.sleep(0.1)
+    _all_gone(small)
     assert_still_serving(small)  # the acks never committed, the send never happened
 
 
@@ -464,7 +468,7 @@ def test_consumer_gone_after_acking_some_only_the_rest_come_back(small):
     c.frame("ACK", {"id": held[1].headers["ack"], "receipt": "r"})
     assert c.read().headers["receipt-id"] == "r"
     c.close()
-    time.sleep(0.1)
+    _all_gone(small)
     assert small.queue_bodies("queue://keep") == [KEPT[0], KEPT[2]]
 
 

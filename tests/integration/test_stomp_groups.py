@@ -1,10 +1,9 @@
 """Message groups (JMSXGroupID/JMSXGroupSeq) and exclusive consumers over STOMP with stomp.py."""
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 
-from tests.support import bodies, drop, leave, sync
+from tests.support import bodies, drop, leave, sync, wait_until
 
 # -- helpers -----------------------------------------------------------------
 
@@ -20,11 +19,8 @@ def consumers(client, n, destination, ack="auto", **headers):
 
 
 def wait_total(collectors, total, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while sum(len(g.messages) for g in collectors) < total:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"expected {total} messages, got {[len(g.messages) for g in collectors]}")
-        time.sleep(0.01)
+    wait_until(lambda: sum(len(g.messages) for g in collectors) >= total, timeout,
+               lambda: f"{total} messages, got {[len(g.messages) for g in collectors]}")
     for g in collectors:
         g.settle(0.2)
     assert sum(len(g.messages) for g in collectors) == total, "more messages than were sent"

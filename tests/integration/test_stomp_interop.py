@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import BrokerHandle, bodies, connect, disconnect, make_config, mqtt_close, mqtt_connect, sync
+from tests.support import BrokerHandle, bodies, connect, disconnect, make_config, mqtt_close, mqtt_connect, sync, wait_past
 
 
 def refused(broker: BrokerHandle, send: Any) -> Any:
@@ -156,7 +156,8 @@ def test_expiration_is_milliseconds_to_live_as_in_rabbitmq(broker):
     conn.send("/queue/r.ttl", "short", headers={"expiration": "150", "persistent": "true"})
     conn.send("/queue/r.ttl", "long", headers={"expiration": "600000"}, receipt="r")
     got.wait_for(1, what="receipts")
-    time.sleep(0.4)
+    # Stamped before its RECEIPT was sent, "short" is due 150 ms after the RECEIPT at the latest.
+    wait_past(int(time.time() * 1000) + 150, "'short' to expire")
     conn.subscribe("/queue/r.ttl", id="t")
     (message,) = got.wait_for(1)
     assert message.body == "long"

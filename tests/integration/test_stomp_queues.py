@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 
 import pytest
 
-from tests.support import connect, disconnect
+from tests.support import connect, disconnect, sync, wait_until
 
 
 @pytest.mark.parametrize("version", ["1.0", "1.1", "1.2"])
@@ -41,23 +40,28 @@ def test_ten_thousand_messages_three_consumers_each_exactly_once(broker):
     def drain(conn, got, stop):
         acked = 0
         while not stop.is_set():
-            batch = got.messages[acked:]
+            batch = got.wait_more(acked)
             for message in batch:
                 conn.ack(message.headers["ack"])
             acked += len(batch)
-            time.sleep(0.01)
 
     stop = threading.Event()
     workers = [threading.Thread(target=drain, args=(c, g, stop)) for c, g in consumers]
     for w in workers:
         w.start()
-    deadline = time.monotonic() + 60
-    while sum(len(g.messages) for _, g in consumers) < total and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)  # anything extra (a duplicate) would arrive now
+    wait_until(lambda: sum(len(g.messages) for _, g in consumers) >= total, 60,
+               lambda: f"{total} deliveries, {sum(len(g.messages) for _, g in consumers)} so far")
+
+    def settled() -> bool:  # every message acked: the broker has nothing left to deliver (again)
+        queue = broker.broker.queues.get("queue://work")
+        return len(queue) == 0 and queue.inflight == 0
+
+    wait_until(lambda: broker.inspect(settled), 10, "every delivery acked")
     stop.set()
     for w in workers:
         w.join()
+    for c, g in consumers:
+        sync(c, g)  # whatever the broker sent each consumer before (a duplicate) has arrived
     counts = Counter(m.body for _, g in consumers for m in g.messages)
     assert len(counts) == total
     assert set(counts.values()) == {1}, "some message was delivered twice"

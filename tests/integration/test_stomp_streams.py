@@ -6,7 +6,17 @@ import time
 import pytest
 
 from core.stream import StreamSpec
-from tests.support import BrokerHandle, RawStomp, connect, disconnect, make_config, mqtt_close, mqtt_connect, sync
+from tests.support import (
+    BrokerHandle,
+    RawStomp,
+    connect,
+    disconnect,
+    make_config,
+    mqtt_close,
+    mqtt_connect,
+    sync,
+    wait_past,
+)
 
 
 @pytest.fixture
@@ -71,13 +81,15 @@ def test_where_a_subscription_starts(streams_broker, spec, expected):
 
 
 def test_timestamp_offset_and_rabbitmq_destination_name(streams_broker):
-    produce(streams_broker, 3)
-    time.sleep(1.1)
-    cut = time.time()
+    produce(streams_broker, 3)  # stamped (whole milliseconds of the broker's clock) before their receipt
+    cut = int(time.time() * 1000) + 2  # after m0..m2's stamps, even read back a millisecond short
+    wait_past(cut, "the clock past the cut")  # m3 and m4 are stamped at or after it
     produce(streams_broker, 2, start=3)
     conn, got = connect(streams_broker)
-    conn.subscribe("/amq/queue/sensors", id="s1", ack="auto", headers={"x-stream-offset": f"timestamp={cut:.3f}"})
-    assert [f.body for f in got.settle()] == ["m3", "m4"]
+    conn.subscribe("/amq/queue/sensors", id="s1", ack="auto", headers={"x-stream-offset": f"timestamp={cut / 1000:.3f}"})
+    sync(conn, got)
+    produce(streams_broker, 1, start=5)  # a live marker: the replay comes before it
+    assert [f.body for f in got.wait_for(3)] == ["m3", "m4", "m5"]
     disconnect(conn)
 
 

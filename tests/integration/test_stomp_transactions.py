@@ -1,22 +1,9 @@
 """STOMP transactions (BEGIN/COMMIT/ABORT) over stomp.py and raw sockets: sends, acks, nacks, errors, disconnects."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from tests.support import RawStomp, bodies, drop, leave, sync
-
-# -- helpers -----------------------------------------------------------------
-
-
-def wait_receipt(got, receipt, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while receipt not in got.receipts:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no receipt {receipt}")
-        time.sleep(0.005)
-
 
 # -- transactional sends -----------------------------------------------------
 
@@ -34,7 +21,7 @@ def test_commit_delivers_all_sends_at_once(broker, client, version):
     assert got.settle(0.3) == [], "a transactional send arrived before COMMIT"
     assert broker.queue_depth("queue://tx") == 0
     producer.commit(tx, headers={"receipt": "committed"})
-    wait_receipt(gotp, "committed")
+    gotp.wait_receipt("committed")
     assert bodies(got.wait_for(3)) == ["m0", "m1", "m2"]
     assert bodies(got.settle(0.2)) == ["m0", "m1", "m2"]
 

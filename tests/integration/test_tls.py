@@ -43,6 +43,7 @@ from tests.support import (
     make_tls_config,
     mqtt_close,
     reactor,
+    wait_until,
 )
 
 KEPT = "/queue/kept"
@@ -192,10 +193,11 @@ def test_wss_stomp_and_mqtt(tls_broker, certs):
     url = f"wss://127.0.0.1:{tls_broker.ws_tls_port}/"
     with ws_connect(url, ssl=context(certs, "client"), subprotocols=["v12.stomp"]) as ws:
         stomp_connect(ws)
-        ws.send(encode_frame("SUBSCRIBE", [("destination", "/topic/wss"), ("id", "1")]))
+        ws.send(encode_frame("SUBSCRIBE", [("destination", "/topic/wss"), ("id", "1"), ("receipt", "sub")]))
+        (receipt,) = stomp_frames(ws, 1)  # the SUBSCRIBE handled before paho's publish
+        assert receipt.command == "RECEIPT" and receipt.headers["receipt-id"] == "sub", receipt
         assert users(tls_broker) == ["dev1"]
         paho, _ = paho_tls(tls_broker, certs, 5, websockets=True)  # paho over wss, on /mqtt
-        time.sleep(0.2)  # the SUBSCRIBE is handled before paho's publish
         paho.publish("wss", b"paho over wss", qos=1).wait_for_publish(5)
         (frame,) = stomp_frames(ws, 1)
         assert frame.command == "MESSAGE" and frame.body == b"paho over wss"
@@ -362,11 +364,8 @@ def test_a_closed_session_frees_its_socket_without_the_clients_close_notify(tls_
     while chunk := sock.recv(4096):  # b"" at the broker's close_notify; this client never answers it
         received += chunk
     assert received.startswith(b"ERROR")
-    deadline = time.monotonic() + 5
-    while tls_broker.inspect(lambda: len(tls_broker.gateway.sessions())) and time.monotonic() < deadline:
-        time.sleep(0.05)
     # The session is gone only once the connection is lost: the socket is closed on the broker's side.
-    assert tls_broker.inspect(lambda: len(tls_broker.gateway.sessions())) == 0
+    wait_until(lambda: tls_broker.sessions() == 0, what="the session to go without the client's close_notify")
     sock.close()
 
 

@@ -7,7 +7,6 @@ so every group gets every message once, spread over the group's consumers.
 from __future__ import annotations
 
 import itertools
-import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +23,7 @@ from tests.support import (
     mqtt_close,
     mqtt_connect,
     sync,
+    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,12 +87,9 @@ def publish(handle: BrokerHandle, bodies: list[str], persistent: bool = False) -
 
 
 def wait_total(groups: list[list[tuple[Any, Worker]]], count: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    for members in groups:
-        while sum(len(w.messages) for _, w in members) < count:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"expected {count}, got {[len(w.messages) for _, w in members]}")
-            time.sleep(0.01)
+    """Every group's consumers together have ``count`` messages."""
+    wait_until(lambda: all(sum(len(w.messages) for _, w in members) >= count for members in groups), timeout,
+               lambda: f"{count} messages in each group, got {[[len(w.messages) for _, w in members] for members in groups]}")
 
 
 def test_each_group_gets_every_message_once_spread_over_its_consumers(broker, workers):
@@ -134,9 +131,7 @@ def test_a_consumer_leaving_redelivers_its_unacked_messages_to_its_own_group(bro
     b_before = [len(w.messages) for _, w in group_b]
 
     drop(leaver_conn, leaver)  # a crashed consumer: nothing acked
-    deadline = time.monotonic() + 10
-    while len(stayer.messages) < 20 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(stayer.messages) >= 20, 10, lambda: f"20 messages for the stayer, got {len(stayer.messages)}")
     again = [m for m in stayer.settle(0.3) if m.headers.get("redelivered") == "true"]
     assert sorted(m.body for m in again) == held
     assert sorted(m.body for m in stayer.messages) == sorted(str(i) for i in range(20))
@@ -257,9 +252,7 @@ def test_persistent_messages_wait_in_the_queue_of_an_absent_group_also_across_a_
     a1_conn, a1 = worker(h, group_queue("A"), prefetch=2)
     a2_conn, a2 = worker(h, group_queue("A"), prefetch=2)
     b_conn, b = worker(h, group_queue("B"))
-    deadline = time.monotonic() + 10
-    while len(a1.messages) + len(a2.messages) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(a1.messages) + len(a2.messages) >= 4, 10, "4 messages for group A")
     got_a = a1.settle(0.2) + a2.settle(0.2)
     assert sorted(m.body for m in got_a) == ["after", "p1", "p2", "p3"]  # the transient one is gone
     assert all("redelivered" not in m.headers for m in got_a)  # never handed out before

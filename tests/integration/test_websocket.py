@@ -206,11 +206,18 @@ def _read_frames(sock, buffer, until):
             return frames + [None], buffer
         if not chunk:
             return frames + [None], buffer
-        buffer += chunk
-        while len(buffer) >= 2 and len(buffer) >= 2 + (buffer[1] & 0x7F):
-            length = buffer[1] & 0x7F
-            frames.append((buffer[0] & 0x0F, buffer[2:2 + length]))
-            buffer = buffer[2 + length:]
+        more, buffer = _parse(buffer + chunk)
+        frames += more
+    return frames, buffer
+
+
+def _parse(buffer):
+    """The whole (small, unmasked) server frames at the start of ``buffer``, and what is left of it."""
+    frames = []
+    while len(buffer) >= 2 and len(buffer) >= 2 + (buffer[1] & 0x7F):
+        length = buffer[1] & 0x7F
+        frames.append((buffer[0] & 0x0F, buffer[2:2 + length]))
+        buffer = buffer[2 + length:]
     return frames, buffer
 
 
@@ -254,25 +261,35 @@ def test_a_peer_that_never_answers_the_close_frame_gets_the_whole_second(small):
     # autobahn's own timer rounded to whole seconds and dropped anywhere from 0 to 1 s.
     sock, buffer = _raw_handshake(small.ws_port)
     _send_masked(sock, 0x1, b"NOT-A-COMMAND\n\n\x00")
-    until = time.monotonic() + 5
+    sock.settimeout(5)
     seen, close_at = [], None
-    while time.monotonic() < until and None not in seen:
-        frames, buffer = _read_frames(sock, buffer, until)
-        if close_at is None and any(f is not None and f[0] == 0x8 for f in frames):
-            close_at = time.monotonic()
+    while None not in seen:  # each read timed as it returns: the Close frame's arrival, then the drop's
+        try:
+            chunk = sock.recv(4096)
+        except ConnectionResetError:
+            chunk = b""
+        arrived = time.monotonic()
+        if not chunk:
+            seen.append(None)
+            break
+        frames, buffer = _parse(buffer + chunk)
+        if close_at is None and any(f[0] == 0x8 for f in frames):
+            close_at = arrived
         seen.extend(frames)
     dropped_after = time.monotonic() - close_at
     texts = [payload for opcode, payload in (f for f in seen if f is not None) if opcode == 0x1]
     assert texts and texts[0].startswith(b"ERROR\n"), seen
     assert [p[:2] for o, p in (f for f in seen if f is not None) if o == 0x8] == [(1002).to_bytes(2, "big")]
-    assert seen[-1] is None and 0.9 <= dropped_after < 2.0, dropped_after
+    # Dropped (a read waits 5 s at most), and not before the whole second: the lower bound is the
+    # point, and no slow machine can break it.
+    assert seen[-1] is None and dropped_after >= 0.9, dropped_after
     sock.close()
 
 
 def test_pong_keeps_the_connection(small):
     with ws_connect(url(small), subprotocols=["v12.stomp"], origin="http://app.example") as ws:  # answers pings itself
         stomp_connect(ws)
-        time.sleep(1.5)  # three ping intervals, past the ping timeout
+        time.sleep(1.5)  # the broker's own timer under test: three ping intervals, past the ping timeout
         ws.send(encode_frame("SUBSCRIBE", [("destination", "/queue/alive"), ("id", "1"), ("receipt", "r")]))
         (receipt,) = stomp_frames(ws, 1)
         assert receipt.command == "RECEIPT"

@@ -1,6 +1,7 @@
 """Helpers for the Spark connector's tests: a broker process, HTTP checks, real producers."""
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import subprocess
@@ -11,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests import support
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,15 +145,8 @@ class BrokerProcess:
         return json.loads(data)
 
 
-def wait_until(check: Any, timeout: float = 60.0, interval: float = 0.2, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
+# tests.support's, with defaults for Spark: a query takes seconds, and each look (a SQL query) costs.
+wait_until = functools.partial(support.wait_until, timeout=60.0, interval=0.2)
 
 
 def error_text(exc: BaseException) -> str:
@@ -254,17 +250,26 @@ class StompSubscriber:
         self.listener = _Receipts()
         self.conn.set_listener("r", self.listener)
         self.conn.connect(wait=True)
-        self.conn.subscribe(destination, id="sub-1", ack="auto", headers={"receipt": "subscribed"})
+        self.conn.subscribe(destination, id="sub-1", ack="auto")
+        # A topic of its own (in no stream) for the marker barrier of ``bodies``.
+        self.marker = f"/topic/spark-test.marker.{id(self)}"
+        self.conn.subscribe(self.marker, id="marker", ack="auto", headers={"receipt": "subscribed"})
         with self.listener.cond:
-            self.listener.cond.wait_for(lambda: "subscribed" in self.listener.receipts, 10)
+            assert self.listener.cond.wait_for(lambda: "subscribed" in self.listener.receipts, 10), "not subscribed"
 
-    def bodies(self, count: int, timeout: float = 30.0, quiet: float = 1.0) -> list[bytes]:
-        """Wait for ``count`` messages, then for ``quiet`` seconds of nothing more: extra copies would show."""
-        with self.listener.cond:
-            self.listener.cond.wait_for(lambda: len(self.listener.messages) >= count, timeout)
-        time.sleep(quiet)
-        with self.listener.cond:
-            return [m.body for m in self.listener.messages]
+    def bodies(self, count: int, timeout: float = 30.0) -> list[bytes]:
+        """Wait for ``count`` messages, then for a marker sent now: the broker routed the write's messages
+        before it, so any extra copy has arrived too when the marker does (one connection, in order)."""
+        listener = self.listener
+        with listener.cond:
+            listener.cond.wait_for(lambda: len(listener.messages) >= count, timeout)
+        self.conn.send(self.marker, "marker")
+        with listener.cond:
+            marked = listener.cond.wait_for(
+                lambda: any(m.headers.get("subscription") == "marker" for m in listener.messages), timeout,
+            )
+            assert marked, "the marker did not come back"
+            return [m.body for m in listener.messages if m.headers.get("subscription") == "sub-1"]
 
     def close(self) -> None:
         self.conn.disconnect()

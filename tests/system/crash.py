@@ -142,7 +142,7 @@ class Broker:
                 if _accepts(self.stomp_port) and _accepts(self.mqtt_port):
                     self.start_seconds.append(time.monotonic() - launched)
                     return
-                time.sleep(0.02)
+                time.sleep(0.02)  # a poll: a port starting to accept has no event (the process's exit ends it too)
             code = self.process.proc.poll()
             if code is None:
                 self.kill()
@@ -153,7 +153,7 @@ class Broker:
             if "cannot start" not in last or "address" not in last.lower():
                 break
             if self.keep_ports:
-                time.sleep(0.5)  # our own port, still held by the killed process's sockets for a moment
+                time.sleep(0.5)  # a real clock window: our own port, still held by the killed process's sockets for a moment
         raise CrashError(f"broker exited at start ({self.process.proc.returncode}):\n{last}")
 
     def kill(self) -> int:
@@ -282,7 +282,7 @@ class Pace:
             self.next += self.interval
             delay = self.next - time.monotonic()
             if delay > 0:
-                time.sleep(delay)
+                time.sleep(delay)  # the load under test: a producer paced at its rate
 
 
 # -- producers ---------------------------------------------------------------------
@@ -527,7 +527,7 @@ def _wait_any(*events: threading.Event, timeout: float) -> bool:
     while time.monotonic() < deadline:
         if any(e.is_set() for e in events):
             return True
-        time.sleep(0.01)
+        time.sleep(0.01)  # a poll over several events (threading has no wait for any of them)
     return False
 
 
@@ -750,7 +750,7 @@ def drain_stomp(broker: Broker, timeout: float) -> list[Arrival]:
         consumer.subscribe()
         consumer.send(SENTINEL)
         arrivals = consumer.until_sentinel(timeout)
-        time.sleep(0.3)  # anything after the sentinel would be a surprise worth seeing
+        time.sleep(0.3)  # waiting for an absence: anything after the sentinel would be a surprise worth seeing
         consumer.barrier()
         with consumer._cond:
             arrivals = list(consumer.arrivals)
@@ -773,7 +773,7 @@ def drain_mqtt(broker: Broker, timeout: float) -> tuple[list[Arrival], bool]:
             pub.disconnect()
             pub.loop_stop()
         sub.until_sentinel(timeout)
-        time.sleep(0.3)
+        time.sleep(0.3)  # waiting for an absence: anything after the sentinel would be a surprise worth seeing
         sub.barrier()  # paho acked each QoS 1 message before this publish: the acks are on disk
         with sub._cond:
             arrivals = list(sub.arrivals)
@@ -905,7 +905,7 @@ def run_cycles(
             for p in producers:
                 p.start()
             delay = rng.uniform(min_delay, max_delay)
-            time.sleep(delay)
+            time.sleep(delay)  # the fault's timing under test: a kill -9 at a random point of the load
             code = broker.kill()
             for p in producers:
                 p.finish()

@@ -18,8 +18,8 @@ import pytest
 import stomp
 
 from protocols.bridge.settings import BridgeSettings, BridgeTopic
-from tests.bridging import Mosquitto, Publisher, Subscriber, exchange, wait_until
-from tests.support import BrokerHandle, call, connect, disconnect, make_certificates, make_config
+from tests.bridging import Mosquitto, Publisher, Subscriber, exchange
+from tests.support import BrokerHandle, call, connect, disconnect, make_certificates, make_config, wait_until
 from tests.support import Collector
 from tests.system.test_cli import BrokerProcess, free_port
 from tests.system.test_disk_full import StompProducer

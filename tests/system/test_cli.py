@@ -6,12 +6,11 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import Collector
+from tests.support import Collector, wait_until
 
 
 def free_port() -> int:
@@ -36,15 +35,17 @@ class BrokerProcess:
             self.lines.append(line)
 
     def wait_for_line(self, text: str, timeout: float = 15) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.lines):
-                if text in line:
-                    return line
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"{text!r} not in output:\n{''.join(self.lines)}")
+        """The first line of the output with ``text`` (the barrier on a process: what it logs)."""
+        def line() -> str | None:
+            exited = self.proc.poll() is not None
+            if exited:
+                self._reader.join(5)  # every line it wrote is read
+            found = next((line for line in list(self.lines) if text in line), None)
+            if found is None and exited:
+                raise AssertionError(f"exited ({self.proc.returncode}) without {text!r}:\n{''.join(self.lines)}")
+            return found
+
+        return wait_until(line, timeout, lambda: f"{text!r} in the output:\n{''.join(self.lines)}", interval=0.05)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.proc.poll() is None:

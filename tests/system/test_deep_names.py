@@ -9,7 +9,6 @@ PUBLISH/SEND; and with the bounds raised, the trie walks any depth.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -18,7 +17,7 @@ from websockets.sync.client import connect as ws_connect
 
 from protocols.mqtt import codec as mq
 from protocols.stomp.codec import StompDecoder, encode_frame
-from tests.support import RawMqtt, RawStomp
+from tests.support import RawMqtt, RawStomp, wait_for_port
 from tests.system.test_cli import BrokerProcess, free_port
 
 
@@ -42,15 +41,7 @@ def start(tmp_path: Path, policy: str = "") -> tuple[BrokerProcess, Handle]:
         cwd=tmp_path,
     )
     handle = Handle(*ports)
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            RawStomp(handle).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or broker.proc.poll() is not None:
-                raise AssertionError("broker did not start:\n" + "".join(broker.lines))
-            time.sleep(0.05)
+    wait_for_port("127.0.0.1", ports[0], 20, broker, "the broker")
     return broker, handle
 
 

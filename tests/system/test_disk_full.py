@@ -29,8 +29,7 @@ from typing import Any, Callable
 import pytest
 
 from protocols.stomp.codec import StompDecoder, StompLimits, encode_frame
-from tests.integration.test_flow_control import wait_stable
-from tests.support import resize_filesystem, small_filesystem
+from tests.support import resize_filesystem, small_filesystem, wait_stable, wait_until
 from tests.system.test_cli import BrokerProcess, free_port
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -211,7 +210,7 @@ def session_messages(port: int, client_id: str, expected: int, timeout: float = 
     client.connect("127.0.0.1", port, 60, clean_start=False, properties=properties)
     client.loop_start()
     wait(lambda: len(seqs) >= expected, timeout, f"{expected} session messages")
-    time.sleep(0.5)  # none more than expected
+    time.sleep(0.5)  # waiting for an absence: none more than expected (an extra copy would come now)
     client.disconnect()
     client.loop_stop()
     return seqs
@@ -259,9 +258,7 @@ def stream_seqs(broker: Broker) -> list[int]:
 def wait(condition: Callable[[], bool], timeout: float, what: str) -> float:
     """Wait for ``condition``; the seconds it took."""
     started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"no {what} within {timeout}s"
-        time.sleep(0.1)
+    wait_until(condition, timeout, what, interval=0.1)
     return time.monotonic() - started
 
 
@@ -324,7 +321,7 @@ def test_a_disk_the_broker_fills_itself_costs_no_confirmed_message(tmp_path):
         assert live == "not stored"
         assert broker.log().count("store write failed") == 1 and "Traceback" not in broker.log()
         assert not stomp_producer.errors and not mqtt_producer.refused
-        time.sleep(1)
+        time.sleep(1)  # waiting for an absence: no confirmation while the disk is full
         assert counts() == at_fault, "confirmed while the disk was full"
 
         resize_filesystem(disk, "256m")
@@ -409,7 +406,7 @@ def test_a_disk_another_process_fills_is_waited_out_and_nothing_confirmed_is_los
         counts = lambda: (len(stomp_producer.receipted), len(mqtt_producer.acked))  # noqa: E731
         at_full = wait_stable(counts, quiet=2.0, timeout=90)
         assert at_full[0] < 6000, at_full
-        time.sleep(1)
+        time.sleep(1)  # waiting for an absence: no confirmation while the disk is full
         assert counts() == at_full, "confirmed while the disk was full"
         assert broker.log().count("store write failed") <= 1 and "Traceback" not in broker.log()
 

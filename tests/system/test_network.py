@@ -15,8 +15,8 @@ import pytest
 import stomp
 
 from protocols.bridge.network import NetworkSettings
-from tests.bridging import Publisher, Subscriber, wait_until
-from tests.support import BrokerHandle, Collector, call, connect, disconnect, make_config
+from tests.bridging import Publisher, Subscriber
+from tests.support import BrokerHandle, Collector, call, connect, disconnect, make_config, wait_until
 from tests.system.test_bridges import Node
 from tests.system.test_disk_full import StompProducer
 

@@ -17,7 +17,7 @@ import pytest
 from core.access import Rule
 from gateway.auth.users import Cost, PasswordHash, write_lines
 from tests.integration.test_admin_actions import DLQ, POLICY, dead_letter
-from tests.support import BrokerHandle, Collector, connect, disconnect, make_config, sync
+from tests.support import BrokerHandle, Collector, connect, disconnect, make_config, sync, wait_until
 
 NOT_A_DLQ = "is not a dead-letter queue (policy: queue://DLQ, or DLQ.<queue> with individual_dlq) (HTTP 400)"
 NO_PASSWORD = ("no password for user {user}: set GATEWAY_PASSWORD, or run on a terminal to be asked for it "
@@ -107,17 +107,22 @@ def test_send_stat_browse_consume_purge(broker):
 
 def test_consume_waits_for_a_message(broker):
     import threading
-    import time
 
-    def later():
-        time.sleep(0.5)
-        conn, got = connect(broker)
-        conn.send("/queue/cli.later", "arrived", receipt="r")
-        got.wait_for(1, what="receipts")
-        disconnect(conn)
+    def looked_in_vain() -> int:
+        """Gets the admin API answered 404 (no such queue yet): the CLI has looked, and waits on."""
+        answered = broker.inspect(lambda: dict(broker.gateway.admin.resource.answered))
+        return sum(n for (route, method, status), n in answered.items() if route.endswith("/get") and status == 404)
 
-    threading.Thread(target=later, daemon=True).start()
-    assert gateway(broker, "consume", "cli.later", "--wait", "10")[1] == "arrived\n"
+    answers, before = [], looked_in_vain()  # the module's broker: earlier tests' answers count too
+    consume = threading.Thread(target=lambda: answers.append(gateway(broker, "consume", "cli.later", "--wait", "10")))
+    consume.start()
+    wait_until(lambda: looked_in_vain() > before, 10, "the CLI's first look, before the message exists")
+    conn, got = connect(broker)
+    conn.send("/queue/cli.later", "arrived", receipt="r")
+    got.wait_for(1, what="receipts")
+    disconnect(conn)
+    consume.join(30)
+    assert answers and answers[0][1] == "arrived\n", answers
     assert gateway(broker, "consume", "cli.later")[1] == ""  # nothing there: nothing printed
 
 

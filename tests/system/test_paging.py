@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import socket
-import time
 
 from protocols.stomp.codec import StompDecoder, encode_frame
+from tests.support import wait_for_port
 from tests.system.test_cli import BrokerProcess, free_port
 
 MESSAGES = 60_000
@@ -52,13 +52,7 @@ def test_backlog_beyond_the_memory_limit_stays_in_the_store(tmp_path):
         "--mqtt-port", "0", "--ws-port", "0", "--admin-port", "0", "--log-level", "warn", cwd=tmp_path,
     )
     try:
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
+        wait_for_port("127.0.0.1", port, 15, broker, "the broker")
         idle = rss(broker.proc.pid)
 
         producer, pdec = stomp_socket(port)

@@ -21,7 +21,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.bridging import wait_until
+from tests.support import wait_until
 from tests.system.test_cli import BrokerProcess, free_port
 from tests.system.test_disk_full import StompProducer
 from tests.system.test_network import Acking

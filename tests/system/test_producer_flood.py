@@ -39,6 +39,7 @@ import pytest
 
 from protocols.mqtt import codec as mq
 from protocols.stomp.codec import StompDecoder, encode_frame
+from tests.support import wait_for_port, wait_stable, wait_until
 from tests.system.test_cli import BrokerProcess, free_port
 
 MiB = 1024 * 1024
@@ -87,15 +88,8 @@ class Broker:
             "--mqtt-port", str(self.mqtt_port), "--ws-port", "0", "--admin-port", "0", "--log-level", "warn", cwd=tmp_path,
         )
         self.pid = self.process.proc.pid
-        deadline = time.monotonic() + 15
         for port in (self.stomp_port, self.mqtt_port):
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "".join(self.process.lines)
-                    time.sleep(0.05)
+            wait_for_port("127.0.0.1", port, 15, self.process, "the broker")
         self.peak = 0
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -106,7 +100,7 @@ class Broker:
         stomp.close()
         mqtt, _ = mqtt_client(self, "warm-up")
         mqtt.close()
-        time.sleep(0.3)
+        time.sleep(0.3)  # a quiet moment before sampling RSS: the broker's freeing has no event to wait for
         return status(self.pid)["VmRSS"]
 
     def start_sampling(self) -> None:
@@ -241,27 +235,6 @@ def mqtt_flood(broker: Broker, topic: str, count: int, qos: int, distinct: bool 
     return Flood(f"MQTT {topic} QoS {qos}", sock, decoder, chunks, mq.Puback if qos else mq.Pingresp)
 
 
-def wait(condition: Any, what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
-
-
-def settled(read: Any, quiet: float = 0.7) -> int:
-    """Wait until ``read()`` stops changing for ``quiet`` seconds; returns it."""
-    last, since = read(), time.monotonic()
-    deadline = since + DEADLINE
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return now
-    raise AssertionError("kept changing")
-
-
 def drain(broker: Broker, destination: str, count: int) -> list[int]:
     """Consume ``count`` messages from a queue over STOMP (auto ack); returns their numbers in arrival order."""
     sock, decoder = stomp_client(broker)
@@ -324,8 +297,8 @@ def test_stomp_flood_without_consumers_stays_within_memory_bounds(broker: Broker
     dropped = stomp_flood(broker, "/topic/flood.nobody", FLOOD, persistent=False, receipt_every=FLOOD)
     held = stomp_flood(broker, "/queue/flood.p", 2 * FLOOD, persistent=True, receipt_every=64)
     try:
-        wait(lambda: spilled.acked == 1 and dropped.acked == 1, "the non-persistent floods are all handled")
-        stalled_at = settled(lambda: held.acked)
+        wait_until(lambda: spilled.acked == 1 and dropped.acked == 1, DEADLINE, "the non-persistent floods are all handled")
+        stalled_at = wait_stable(lambda: held.acked, quiet=0.7, timeout=DEADLINE)
         assert stalled_at < (2 * FLOOD) // 64, "the persistent producer was never held"
         check_held(stalled_at * 64, "persistent STOMP producer")
         flooded = broker.peak_rss()
@@ -335,7 +308,7 @@ def test_stomp_flood_without_consumers_stays_within_memory_bounds(broker: Broker
         assert got == list(range(FLOOD)), in_order(got, FLOOD)
         got = drain(broker, "/queue/flood.p", 2 * FLOOD)
         assert got == list(range(2 * FLOOD)), in_order(got, 2 * FLOOD)
-        wait(lambda: held.acked == (2 * FLOOD) // 64, "the held producer's last receipt")
+        wait_until(lambda: held.acked == (2 * FLOOD) // 64, DEADLINE, "the held producer's last receipt")
         assert not (spilled.errors or dropped.errors or held.errors), spilled.errors + dropped.errors + held.errors
         check_rss(idle, broker.peak_rss(), 2, "STOMP flood and drain")
     finally:
@@ -362,12 +335,12 @@ def test_mqtt_flood_without_subscribers_stays_within_memory_bounds(broker: Broke
     many = mqtt_flood(broker, "fleet", FLOOD, qos=0, distinct=True)
     floods = [spilled, dropped0, dropped1, many]
     try:
-        wait(lambda: spilled.acked == dropped0.acked == many.acked == 1, "the QoS 0 floods are all handled")
+        wait_until(lambda: spilled.acked == dropped0.acked == many.acked == 1, DEADLINE, "the QoS 0 floods are all handled")
         # Before the store fills, so this flood is about memory, not the store limit.
-        wait(lambda: dropped1.acked == FLOOD, "every QoS 1 publish to the topic nobody reads is acknowledged")
+        wait_until(lambda: dropped1.acked == FLOOD, DEADLINE, "every QoS 1 publish to the topic nobody reads is acknowledged")
         held = mqtt_flood(broker, "jobs/p", 2 * FLOOD, qos=1)
         floods.append(held)
-        stalled_at = settled(lambda: held.acked)
+        stalled_at = wait_stable(lambda: held.acked, quiet=0.7, timeout=DEADLINE)
         assert stalled_at < 2 * FLOOD, "the QoS 1 publisher to a queue was never held"
         check_held(stalled_at, "QoS 1 publisher")
         check_rss(idle, broker.peak_rss(), 2, "MQTT flood")
@@ -376,7 +349,7 @@ def test_mqtt_flood_without_subscribers_stays_within_memory_bounds(broker: Broke
         assert got == list(range(FLOOD)), in_order(got, FLOOD)
         got = drain(broker, "/queue/jobs.p", 2 * FLOOD)
         assert got == list(range(2 * FLOOD)), in_order(got, 2 * FLOOD)
-        wait(lambda: held.acked == 2 * FLOOD, "the held publisher's last PUBACK")
+        wait_until(lambda: held.acked == 2 * FLOOD, DEADLINE, "the held publisher's last PUBACK")
         check_rss(idle, broker.peak_rss(), 2, "MQTT flood and drain")
     finally:
         for flood in floods:
@@ -405,7 +378,7 @@ def test_non_persistent_flood_over_many_queues_stays_within_memory_bounds(broker
     frames.append(encode_frame("SEND", [("destination", "/queue/many.0"), ("receipt", "end")], b""))
     flood = Flood("STOMP 64 queues", sock, decoder, [b"".join(frames[i:i + 64]) for i in range(0, len(frames), 64)], "RECEIPT")
     try:
-        wait(lambda: flood.acked == 1, "the flood is handled")
+        wait_until(lambda: flood.acked == 1, DEADLINE, "the flood is handled")
         # The broker-wide memory_limit bounds the sum (MEMORY / LIMIT windows), not the queue count.
         check_rss(idle, broker.peak_rss(), MEMORY // LIMIT, f"non-persistent flood over {QUEUES} queues")
     finally:
@@ -425,12 +398,15 @@ def test_full_store_does_not_hold_publishers_whose_messages_are_not_stored(broke
     filler = mqtt_flood(broker, "jobs/p", 2 * FLOOD, qos=1)
     publishers: list[Flood] = [filler]
     try:
-        stalled_at = settled(lambda: filler.acked)
+        stalled_at = wait_stable(lambda: filler.acked, quiet=0.7, timeout=DEADLINE)
         check_held(stalled_at, "QoS 1 publisher filling the store")
         mqtt = mqtt_flood(broker, "sensors/nobody", 100, qos=1)
         stomp = stomp_flood(broker, "/topic/nobody", 100, persistent=True, receipt_every=1)
         publishers += [mqtt, stomp]
-        acknowledged = (settled(lambda: mqtt.acked), settled(lambda: stomp.acked))
+        acknowledged = (
+            wait_stable(lambda: mqtt.acked, quiet=0.7, timeout=DEADLINE),
+            wait_stable(lambda: stomp.acked, quiet=0.7, timeout=DEADLINE),
+        )
         assert acknowledged == (100, 100), (
             f"with the store full, {acknowledged[0]} of 100 QoS 1 publishes and {acknowledged[1]} of 100 "
             "persistent SENDs to topics nobody stores were acknowledged"

@@ -91,7 +91,7 @@ def wait_for_batches(work: Path, at_least: int, timeout: float, driver: Driver) 
             raise AssertionError(f"the driver exited ({driver.proc.returncode}):\n{(work / 'driver.log').read_text()[-4000:]}")
         if time.monotonic() > deadline:
             raise AssertionError(f"fewer than {at_least} batches in {timeout}s:\n{(work / 'driver.log').read_text()[-4000:]}")
-        time.sleep(0.2)
+        time.sleep(0.2)  # a poll: the checkpoint's commit log (files another process writes) has no event
 
 
 class Producers:
@@ -172,7 +172,7 @@ def kill_between_publish_and_commit(broker: Broker, work: Path, driver: Driver, 
             if latest > baseline.setdefault(commits, latest):
                 driver.kill()
                 return
-        time.sleep(0.005)
+        time.sleep(0.005)  # a poll for a moment (published, not yet committed) that no event marks: the kill lands in it
     raise AssertionError(f"no micro-batch published without committing in {timeout}s:\n{(work / 'driver.log').read_text()[-3000:]}")
 
 
@@ -208,7 +208,7 @@ def test_driver_killed_mid_stream_then_restarted_from_its_checkpoint(tmp_path):
         for kill in range(3):
             driver = Driver(broker, tmp_path)
             wait_for_batches(tmp_path, committed_batches(tmp_path) + 2, 120, driver)
-            time.sleep(rng.uniform(0.1, 1.5))  # somewhere inside a later batch
+            time.sleep(rng.uniform(0.1, 1.5))  # the fault's timing under test: a kill somewhere inside a later batch
             driver.kill()
         read_to_the_end_and_check(broker, tmp_path, producers)
     finally:
@@ -226,10 +226,10 @@ def test_broker_killed_and_restarted_under_the_query(tmp_path):
         driver = Driver(broker, tmp_path)
         wait_for_batches(tmp_path, 2, 120, driver)
         for kill in range(3):
-            time.sleep(rng.uniform(0.5, 2.0))
+            time.sleep(rng.uniform(0.5, 2.0))  # the fault's timing under test: a kill at a random point of the stream
             broker.kill()
             producers.finish()
-            time.sleep(rng.uniform(0.2, 1.0))
+            time.sleep(rng.uniform(0.2, 1.0))  # the fault's timing under test: the broker down for a while
             broker.start()
             producers.start(broker)
             # The query rides the restart out (the source retries for retryTimeoutMs): no new driver.
