@@ -21,8 +21,8 @@ from twisted.logger import (
 from gateway import config as configuration
 from gateway.auth import passwd as passwd_command
 from gateway.auth import tokens as token_command
-from gateway.ops import commands as ops_commands
-from gateway.perf import command as perf_command
+from gateway.clients.ops import commands as ops_commands
+from gateway.clients.perf import command as perf_command
 from gateway.twisted_types import installed_reactor
 
 

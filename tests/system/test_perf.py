@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from gateway import compiled
-from gateway.perf.scenarios import SCENARIOS
+from gateway.clients.perf.scenarios import SCENARIOS
 from tests.system.test_cli import free_port
 
 
@@ -93,9 +93,9 @@ def test_scenarios_on_a_broker_that_streams_every_destination_with_users_and_rul
 
 
 def test_auth_makes_the_broker_refuse_anonymous_clients():
-    from gateway.perf.command import OwnBroker
-    from gateway.perf.roles import Target
-    from gateway.perf.wire import PerfError, Wire, mqtt_handshake, stomp_handshake
+    from gateway.clients.perf.command import OwnBroker
+    from gateway.clients.perf.roles import Target
+    from gateway.clients.perf.wire import PerfError, Wire, mqtt_handshake, stomp_handshake
 
     broker = OwnBroker(auth=True)
     try:

@@ -1,9 +1,9 @@
-"""The operator commands' tables and progress bar (gateway/ops/output.py)."""
+"""The operator commands' tables and progress bar (gateway/clients/ops/output.py)."""
 from __future__ import annotations
 
 import io
 
-from gateway.ops.output import Progress, age, table
+from gateway.clients.ops.output import Progress, age, table
 
 
 class Terminal(io.StringIO):

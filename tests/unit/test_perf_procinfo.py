@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import socket
 
-from gateway.perf import procinfo
+from gateway.clients.perf import procinfo
 
 
 def test_cpu_and_rss_of_this_process():

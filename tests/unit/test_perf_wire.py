@@ -1,8 +1,8 @@
 """The load generator's counting: exact at every chunk boundary, and a wrong stream is caught."""
 from __future__ import annotations
 
-from gateway.perf.roles import payload_of
-from gateway.perf.wire import (
+from gateway.clients.perf.roles import payload_of
+from gateway.clients.perf.wire import (
     PrefixCounter,
     mqtt_packets,
     mqtt_publish_bytes,

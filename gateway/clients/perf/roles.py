@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 
-from gateway.perf.wire import (
+from gateway.clients.perf.wire import (
     PUBACK,
     PerfError,
     PrefixCounter,

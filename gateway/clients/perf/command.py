@@ -15,9 +15,9 @@ from typing import Any
 
 from gateway import compiled
 from gateway.auth.users import PasswordHash, set_user, write_lines
-from gateway.perf import procinfo
-from gateway.perf.roles import Target
-from gateway.perf.scenarios import (
+from gateway.clients.perf import procinfo
+from gateway.clients.perf.roles import Target
+from gateway.clients.perf.scenarios import (
     GROUPS,
     SCENARIOS,
     TARGETS,
@@ -26,7 +26,7 @@ from gateway.perf.scenarios import (
     Scenario,
     expand,
 )
-from gateway.perf.wire import PerfError
+from gateway.clients.perf.wire import PerfError
 
 
 def add_parser(commands: Any) -> None:

@@ -1,6 +1,6 @@
 """``gateway stat | browse | purge | send | consume | dlq list/replay | connections | bridges | streams``: the admin API for people and scripts.
 
-Each command is one or a few admin API requests (``gateway/ops/client.py``)
+Each command is one or a few admin API requests (``gateway/clients/ops/client.py``)
 with the operator's credentials: ``--user`` (password from
 ``GATEWAY_PASSWORD`` or asked on a terminal) or ``--token``, the broker at
 ``--url``.  Tables by default, ``--json`` for scripts; the exit status is 0
@@ -18,8 +18,8 @@ import time
 import urllib.parse
 from typing import Any
 
-from gateway.ops.client import DEFAULT_URL, AdminClient, OpsError, UsageError, authorization
-from gateway.ops.output import Progress, age, dump, table
+from gateway.clients.ops.client import DEFAULT_URL, AdminClient, OpsError, UsageError, authorization
+from gateway.clients.ops.output import Progress, age, dump, table
 
 COMMANDS = ("stat", "browse", "purge", "send", "consume", "dlq", "connections", "bridges", "streams")
 REPLAY_CHUNK = 10_000  # dead letters per request, so the progress bar moves and no request is long

@@ -13,9 +13,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gateway.perf import procinfo, roles
-from gateway.perf.roles import Target
-from gateway.perf.wire import PerfError
+from gateway.clients.perf import procinfo, roles
+from gateway.clients.perf.roles import Target
+from gateway.clients.perf.wire import PerfError
 
 # The issues' targets for this broker on a 2-core machine (shown beside each figure): the first
 # round's absolute figures; the second round's MQTT targets are ratios to Mosquitto (README).
