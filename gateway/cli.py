@@ -23,6 +23,7 @@ from gateway.auth import passwd as passwd_command
 from gateway.auth import tokens as token_command
 from gateway.clients.ops import commands as ops_commands
 from gateway.clients.perf import command as perf_command
+from gateway.clients.perf import hotpath as hotpath_command
 from gateway.twisted_types import installed_reactor
 
 
@@ -58,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--admin-port", type=int, metavar="N", help="admin HTTP port: web console at /console/, /metrics, JSON API (default 8161, 0 disables)")
     run.add_argument("--log-level", choices=configuration.LOG_LEVELS, help="default info")
     perf_command.add_parser(commands)
+    hotpath_command.add_parser(commands)
     passwd_command.add_parser(commands)
     token_command.add_parser(commands)
     ops_commands.add_parsers(commands)
@@ -159,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     if args.command == "perf":
         return perf_command.run(args)
+    if args.command == "hotpath":
+        return hotpath_command.run(args)
     if args.command == "passwd":
         return passwd_command.run(args)
     if args.command == "token":
