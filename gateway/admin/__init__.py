@@ -4,23 +4,25 @@ from __future__ import annotations
 from typing import Any
 
 from core.broker import Broker
-from gateway.admin.actions import QueueActions
 from gateway.admin.bridges import BridgesAPI, BridgeStatus
 from gateway.admin.connections import ConnectionsAPI
 from gateway.admin.console_site import ConsoleSite
-from gateway.admin.destinations import DestinationsAPI
 from gateway.admin.health import HealthAPI, broker_readiness, standby_router
 from gateway.admin.http import AdminSite, Guard, Router, json_body
 from gateway.admin.metrics import BrokerCollector, LoginCounts, MetricsAPI
 from gateway.admin.overview import OverviewAPI
 from gateway.admin.publish import PublishAPI
-from gateway.admin.session_actions import SessionActions
+from gateway.admin.queues import QueuesAPI
+from gateway.admin.retained import RetainedAPI
+from gateway.admin.sessions import MqttSessionsAPI
 from gateway.admin.streams import StreamsAPI
+from gateway.admin.subscriptions import DurableSubscriptionsAPI
+from gateway.admin.topics import TopicsAPI
 from gateway.config import AdminSettings
 
 __all__ = ["admin_site", "standby_site", "wants_html"]
 
-# What the index lists (every route under them is in README.rst, Admin HTTP).
+# What the index lists (every route under them is in docs/operations.rst, Every route).
 API = [
     "/api/v1/overview", "/api/v1/queues", "/api/v1/topics", "/api/v1/durable-subscriptions",
     "/api/v1/mqtt-sessions", "/api/v1/streams", "/api/v1/connections", "/api/v1/messages",
@@ -72,16 +74,19 @@ def admin_site(
     """
     settings = settings or AdminSettings(max_request_size=max_request_size)
     router = Router(guard)
+    # Operators' changes (purge, move, DLQ replay, ending a session...): each noted in the audit log when there is one.
+    audit = getattr(getattr(guard, "audit", None), "write", None)
+    # One module per resource, each with every method of its paths.
     StreamsAPI(broker).install(router)
     PublishAPI(broker).install(router)
-    DestinationsAPI(broker).install(router)
+    QueuesAPI(broker, audit).install(router)
+    TopicsAPI(broker, audit).install(router)
+    DurableSubscriptionsAPI(broker, audit).install(router)
+    MqttSessionsAPI(broker, audit).install(router)
+    RetainedAPI(broker, audit).install(router)
     ConnectionsAPI(broker).install(router)
     BridgesAPI(bridges).install(router)
     OverviewAPI(broker, version).install(router)
-    # Operators' actions (purge, move, DLQ replay...): each noted in the audit log when there is one.
-    audit = getattr(getattr(guard, "audit", None), "write", None)
-    QueueActions(broker, audit).install(router)
-    SessionActions(broker, audit).install(router)
     HealthAPI("master", broker_readiness(broker), lambda: broker.store_usage.alarm).install(router)
     MetricsAPI(BrokerCollector(
         broker, version, settings.metrics_max_destinations, settings.metrics_destinations, logins, bridges,

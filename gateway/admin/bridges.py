@@ -20,7 +20,7 @@ from twisted.web import server
 
 from core.access import Permission
 from core.sysinfo import BridgeStatus
-from gateway.admin.destinations import iso_ms
+from gateway.admin.descriptions import iso_ms
 from gateway.admin.http import HttpError, Router, json_body, require
 
 __all__ = ["RESOURCE", "BridgeStatus", "BridgesAPI", "describe", "public_url"]

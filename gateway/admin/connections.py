@@ -21,7 +21,7 @@ from twisted.web import server
 from core.access import Permission
 from core.broker import Broker
 from core.connection import Connection
-from gateway.admin.destinations import SubscriptionIndex, iso_ms
+from gateway.admin.descriptions import SubscriptionIndex, iso_ms
 from gateway.admin.http import (
     HttpError,
     Router,

@@ -9,7 +9,6 @@ passes the limit.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Callable, Protocol, cast, overload
 
 from twisted.logger import Logger
@@ -17,6 +16,7 @@ from twisted.web import http, server
 from twisted.web.resource import Resource
 
 from core.access import ANONYMOUS, Access, AllowAll, Permission, Principal, Reader, Reading
+from gateway.admin.route_patterns import RoutePattern
 from gateway.twisted_types import connected_transport
 from persistence.store import StoreUnavailable
 
@@ -148,16 +148,16 @@ class Router(Resource):
     """Routes by method and path pattern; handlers return (status, headers, body) or raise HttpError.
 
     A handler may return a Deferred for answers that wait (a publish waits
-    for its batch to be on disk).
+    for its batch to be on disk).  Routes are tried in the order they were
+    added; the first whose pattern matches the path answers.
     """
 
     isLeaf = True
 
     def __init__(self, guard: Guard | None = None) -> None:
         super().__init__()
-        self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
-        self._names: dict[re.Pattern[str], str] = {}  # route -> its label in /metrics
-        self._public: list[re.Pattern[str]] = []
+        self._routes: list[tuple[RoutePattern, dict[str, Handler]]] = []
+        self._public: list[RoutePattern] = []  # the routes answered without credentials
         # Answers by (route, method, status): gateway_http_requests_total (gateway/admin/metrics.py).
         self.answered: dict[tuple[str, str, int], int] = {}
         self.guard = guard
@@ -196,23 +196,40 @@ class Router(Resource):
         return self._route(request, outcome)
 
     def add(self, pattern: str, *, public: bool = False, **methods: Handler) -> None:
-        """``public``: answered without credentials even when users are configured (health checks)."""
-        regex = re.compile("^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$")
+        """Serve each method (``get=handler``, ``delete=handler``...) on the paths ``pattern`` matches.
+
+        ``{name}`` matches one path segment, ``{name:path}`` the rest of the
+        path (gateway/admin/route_patterns.py); each reaches the handler as a
+        keyword argument.  A path may get its methods over several calls, but
+        each method once: a second handler for the same path and method is
+        two modules claiming one route, refused (ValueError) rather than one
+        silently replacing the other.  ``public``: answered without
+        credentials even when users are configured (health checks).
+        """
+        compiled = RoutePattern(pattern)
         handlers = {m.upper(): h for m, h in methods.items()}
-        for known, existing in self._routes:
-            if known.pattern == regex.pattern:
-                # Two APIs share a path (a listing's GET, an action's DELETE): one route, every method.
-                existing.update(handlers)
+        for route, existing in self._routes:
+            if route.shape == compiled.shape:  # the same paths, maybe with other parameter names
                 break
         else:
-            self._routes.append((regex, handlers))
-            self._names[regex] = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern)
-        if public:
-            self._public.append(regex)
+            route, existing = compiled, {}
+            self._routes.append((route, existing))
+        if route.text != pattern:
+            raise ValueError(f"route {pattern} is routed already as {route.text}: name its parameters alike")
+        for method in handlers:
+            if method in existing:
+                raise ValueError(f"route {method} {pattern} is registered twice")
+        existing.update(handlers)
+        if public and route not in self._public:
+            self._public.append(route)
+
+    def routes(self) -> list[tuple[str, dict[str, Handler]]]:
+        """Every route as added, in the order they are tried: its pattern, and its handlers by method."""
+        return [(route.text, dict(methods)) for route, methods in self._routes]
 
     def _is_public(self, request: server.Request) -> bool:
         path = request.path.decode("utf-8", "replace")
-        return any(regex.match(path) for regex in self._public)
+        return any(route.matches(path) for route in self._public)
 
     def _route(self, request: server.Request, grant: Grant) -> Any:
         if isinstance(request, BoundedRequest):
@@ -222,19 +239,18 @@ class Router(Resource):
         except UnicodeDecodeError:
             return self._finish(request, error_body(HttpError(400, "the path is not UTF-8")))
         method = request.method.decode("ascii", "replace")
-        for regex, methods in self._routes:
-            match = regex.match(path)
-            if match is None:
+        for route, methods in self._routes:
+            params = route.match(path)
+            if params is None:
                 continue
             if isinstance(request, BoundedRequest):
-                request.route = self._names[regex]
+                request.route = route.label
             handler = methods.get(method)
             if handler is None:
                 request.setHeader("Allow", ", ".join(sorted(methods)))
                 return self._finish(request, error_body(HttpError(
                     405, f"{method} is not allowed on {path}; use {', '.join(sorted(methods))}", "method_not_allowed",
                 )))
-            params = {k: _unquote(v) for k, v in match.groupdict().items()}
             try:
                 result = handler(request, **params)
             except HttpError as exc:
@@ -292,7 +308,7 @@ class Router(Resource):
         route = request.route if isinstance(request, BoundedRequest) else None
         if route is None:  # refused before routing (credentials, cross-site), or no route matches
             path = request.path.decode("utf-8", "replace")
-            route = next((self._names[regex] for regex, _ in self._routes if regex.match(path)), "unmatched")
+            route = next((r.label for r, _ in self._routes if r.matches(path)), "unmatched")
         method = request.method.decode("ascii", "replace")
         key = (route, method if method in _METHODS else "other", status)
         self.answered[key] = self.answered.get(key, 0) + 1
@@ -358,12 +374,6 @@ def require(request: server.Request, permission: Permission, destination: str, w
     if grant is None or grant.principal.anonymous:
         raise HttpError(401, f"{prefix}{permission.value} on {destination} needs a user name and password", "unauthorized")
     raise HttpError(403, f"{prefix}user {grant.principal.name!r} may not {permission.value} {destination}", "forbidden")
-
-
-def _unquote(value: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(value)
 
 
 def request_body(request: server.Request) -> bytes:

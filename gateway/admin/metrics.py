@@ -34,8 +34,9 @@ from core.broker import Broker
 from core.queue import MessageQueue
 from core.trie import filter_matches
 from gateway.admin.bridges import BridgeStatus
-from gateway.admin.destinations import QUEUE_PREFIX, oldest_timestamp
+from gateway.admin.descriptions import oldest_timestamp
 from gateway.admin.http import Router, require
+from gateway.admin.names import QUEUE_PREFIX
 from persistence.rocks import RocksStore
 from persistence.stats import Buckets
 from persistence.store import StoreError

@@ -15,9 +15,9 @@ from twisted.web import server
 
 from core.access import Permission
 from core.broker import Broker
-from gateway.admin.destinations import QUEUE_PREFIX
 from gateway.admin.http import Router, json_body, require
 from gateway.admin.metrics import protocol_family
+from gateway.admin.names import QUEUE_PREFIX
 
 RESOURCE = "broker://overview"
 

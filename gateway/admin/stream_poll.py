@@ -27,7 +27,7 @@ from twisted.web import server
 from core.access import Permission
 from core.broker import Broker
 from core.stream_config import StreamError
-from gateway.admin.http import Answer, HttpError, Router, int_query, json_body, query, require
+from gateway.admin.http import Answer, HttpError, int_query, json_body, query, require
 
 if TYPE_CHECKING:
     from core.stream import Stream
@@ -129,15 +129,12 @@ class _Watch:
 
 
 class StreamPollAPI:
-    """The long poll for a stream's ends (docs/streams.rst, Endpoints)."""
+    """The long poll for a stream's ends (docs/streams.rst, Endpoints); its route is in gateway/admin/streams.py."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.clock = broker.clock
         self.watches: dict[str, _Watch] = {}
-
-    def install(self, router: Router) -> None:
-        router.add("/api/v1/streams/{name}/latest", get=self.latest)
 
     def waiting(self) -> int:
         """Requests waiting now (tests, and a look from the console)."""

@@ -1,4 +1,8 @@
-"""Stream endpoints of the admin API: offsets, range reads, reader registration (docs/streams.rst).
+"""``/api/v1/streams``: offsets, range reads, reader registration, the long poll (docs/streams.rst).
+
+Every route under ``/api/v1/streams`` is registered here; the long poll of a
+stream's ends (``.../latest``) keeps its waiting requests in
+gateway/admin/stream_poll.py.
 
 Range reads send stored chunks as they lie on disk (Arrow IPC), so serving
 Spark costs a store read and one copy per chunk, not work per record.  All
@@ -52,6 +56,7 @@ def _status(exc: StreamError) -> HttpError:
 class StreamsAPI:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self.poll = StreamPollAPI(broker)
 
     def install(self, router: Router) -> None:
         router.add("/api/v1/streams", get=self.list)
@@ -59,7 +64,8 @@ class StreamsAPI:
         router.add("/api/v1/streams/{name}/offsets", get=self.offsets)
         router.add("/api/v1/streams/{name}/partitions/{partition}/records", get=self.records)
         router.add("/api/v1/streams/{name}/readers/{reader}", put=self.register, delete=self.forget)
-        StreamPollAPI(self.broker).install(router)  # GET .../latest, the long poll of the ends (stream_poll.py)
+        # The long poll of the partitions' ends, with the state of its waiting requests (stream_poll.py).
+        router.add("/api/v1/streams/{name}/latest", get=self.poll.latest)
 
     def _stream(self, request: server.Request, name: str) -> Stream:
         """The stream, once the request may read it (checked first: a refusal says nothing of whether it exists)."""

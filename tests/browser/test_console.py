@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 import stomp
 
-from tests.integration.test_admin_actions import dead_letter, send_all
+from tests.integration.admin_support import dead_letter, send_all
 from tests.integration.test_admin_auth import PASSWORDS, auth_config
 from tests.support import (
     BrokerHandle,

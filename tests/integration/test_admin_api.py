@@ -1,6 +1,8 @@
-"""The admin API's read side over real HTTP: queues, topics, durable subscriptions, MQTT sessions,
-connections (and closing one), overview, health and readiness, with and without users.
+"""The admin API over real HTTP, beside its resources' own tests: connections (gateway/admin/connections.py)
+and closing one, overview, health and readiness, the index and ``/``, a standby, and who sees what with users.
 
+Queues, topics, durable subscriptions, MQTT sessions and retained messages
+have test files of their own (test_admin_queues.py and its neighbours).
 State is made by real clients (stomp.py, paho); one broker serves most of the
 module, each test with destinations and client ids of its own.
 """
@@ -8,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import urllib.parse
 
 import pytest
 
@@ -48,94 +49,13 @@ def get(api, path, **headers):
     return status, json.loads(body)
 
 
-# -- queues ---------------------------------------------------------------------
-
-
-def test_queue_counts_follow_sends_and_partial_acks(api, handle):
-    producer, got = connect(handle)
-    for i in range(10):
-        producer.send("/queue/api.work", f"job {i}", headers={"persistent": "true"})
-    sync(producer, got)
-    consumer, received = connect(handle)
-    consumer.subscribe("/queue/api.work", id="1", ack="client-individual", headers={"activemq.prefetchSize": "4"})
-    first = received.wait_for(4)
-    for frame in first[:2]:
-        consumer.ack(frame.headers["ack"])
-    received.wait_for(6)  # the two acks gave the consumer credit for two more
-    sync(consumer, received)
-
-    status, queue = get(api, "/api/v1/queues/api.work")
-    assert status == 200
-    assert queue["destination"] == "queue://api.work" and queue["name"] == "api.work"
-    assert (queue["ready"], queue["unacknowledged"], queue["messages"]) == (4, 4, 8)
-    assert (queue["consumers"], queue["enqueued"], queue["dequeued"]) == (1, 10, 2)
-    assert queue["expired"] == queue["dead_lettered"] == 0
-    assert queue["oldest_message_age_ms"] >= 0 and queue["memory_bytes"] > 0 and queue["store_bytes"] > 0
-    [consumer_view] = queue["consumer_list"]
-    assert consumer_view["prefetch"] == 4 and consumer_view["unacknowledged"] == 4
-
-    disconnect(consumer)  # its four unacknowledged messages go back
-    wait_until(lambda: get(api, "/api/v1/queues/api.work")[1]["consumers"] == 0, what="no consumers on api.work")
-    queue = get(api, "/api/v1/queues/api.work")[1]
-    assert (queue["ready"], queue["unacknowledged"]) == (8, 0)
-    disconnect(producer)
-
-
-def test_queue_list_pages_filters_and_sorts(api, handle):
-    producer, got = connect(handle)
-    for i in range(25):
-        for _ in range(i % 5):
-            producer.send(f"/queue/api.page.q{i:02d}", "x")
-        if i % 5 == 0:
-            producer.send(f"/queue/api.page.q{i:02d}", "x", headers={"expires": "1"})  # expired at once: still a queue
-    sync(producer, got)
-    status, page = get(api, "/api/v1/queues?filter=API.PAGE.&page_size=10&page=2")
-    assert status == 200
-    assert (page["total"], page["pages"], page["page"], page["page_size"]) == (25, 3, 2, 10)
-    assert [q["name"] for q in page["queues"]] == [f"api.page.q{i:02d}" for i in range(10, 20)]
-    last = get(api, "/api/v1/queues?filter=api.page.&page_size=10&page=3")[1]
-    assert len(last["queues"]) == 5
-    assert get(api, "/api/v1/queues?filter=api.page.&page=9")[1]["queues"] == []  # past the end: an empty page
-    deepest = get(api, "/api/v1/queues?filter=api.page.&sort=-messages&page_size=5")[1]["queues"]
-    assert all(q["messages"] == 4 for q in deepest)
-    assert [q["name"] for q in get(api, "/api/v1/queues?filter=api.page.&sort=-name&page_size=2")[1]["queues"]] == [
-        "api.page.q24", "api.page.q23",
-    ]
-    disconnect(producer)
-
-
-def test_expired_and_dead_lettered_counts(api, handle):
-    producer, got = connect(handle)
-    producer.send("/queue/api.expiring", "late", headers={"expires": "1"})
-    producer.send("/queue/api.failing", "bad")
-    sync(producer, got)
-    consumer, received = connect(handle)
-    consumer.subscribe("/queue/api.expiring", id="1")
-    consumer.subscribe("/queue/api.failing", id="2", ack="client-individual")
-    for _ in range(7):  # max_redeliveries 6: the seventh failure dead-letters it
-        frame = received.wait_for(1)[0]
-        received.messages.clear()
-        consumer.nack(frame.headers["ack"])
-    wait_until(lambda: get(api, "/api/v1/queues/api.failing")[1]["dead_lettered"] == 1, what="one dead-lettered")
-    assert get(api, "/api/v1/queues/api.expiring")[1]["expired"] == 1
-    dlq = get(api, "/api/v1/queues/DLQ")[1]
-    assert dlq["dead_letter_queue"] is True and dlq["ready"] >= 2
-    disconnect(consumer)
-    disconnect(producer)
+# -- bad requests ---------------------------------------------------------------------
 
 
 def test_bad_requests_get_4xx_json(api):
     for path, status, code in [
-        ("/api/v1/queues/no.such.queue", 404, "unknown_queue"),
-        ("/api/v1/queues?page=0", 400, "bad_request"),
-        ("/api/v1/queues?page=abc", 400, "bad_request"),
-        ("/api/v1/queues?page_size=1001", 400, "bad_request"),
-        ("/api/v1/queues?sort=colour", 400, "bad_request"),
         ("/api/v1/connections?sort=-nothing", 400, "bad_request"),
         ("/api/v1/connections/no-such-id", 404, "unknown_connection"),
-        ("/api/v1/topics/no.subscriber.here", 404, "unknown_topic"),
-        ("/api/v1/durable-subscriptions/nobody%3Anothing", 404, "unknown_subscription"),
-        ("/api/v1/mqtt-sessions/nobody", 404, "unknown_session"),
     ]:
         answer_status, body = get(api, path)
         assert (answer_status, body["code"]) == (status, code), path
@@ -144,90 +64,6 @@ def test_bad_requests_get_4xx_json(api):
     assert status == 404  # the connection is looked up first: no such connection
     status, _, _ = api.call("PUT", "/api/v1/overview")
     assert status == 405
-
-
-# -- topics, durable subscriptions, MQTT sessions ----------------------------------------
-
-
-def test_topics_and_durable_subscriptions(api, handle):
-    listener, heard = connect(handle, client_id="api-durable")
-    listener.subscribe("/topic/api.news", id="1", headers={"activemq.subscriptionName": "news"})
-    plain, plain_heard = connect(handle)
-    plain.subscribe("/topic/api.>", id="1")
-    device, device_got = mqtt_connect(handle, "api-news-reader", version=4)
-    device.subscribe("api/news", 1)
-    device_got.wait_for(1, what="subacks")
-    sync(plain, plain_heard)
-    sync(listener, heard)
-    producer, got = connect(handle)
-    for i in range(3):
-        producer.send("/topic/api.news", f"n{i}")
-    heard.wait_for(3)
-    plain_heard.wait_for(3)
-    device_got.wait_for(3)
-
-    status, topic = get(api, "/api/v1/topics/api.news")
-    assert status == 200 and topic["destination"] == "topic://api.news"
-    kinds = sorted(s["kind"] for s in topic["subscription_list"])
-    assert kinds == ["durable", "mqtt", "subscription"]
-    assert topic["subscriptions"] == 3 and topic["durable"] == 1 and topic["consumers"] == 3
-    assert topic["enqueued"] == 9  # three messages to each of three subscriptions
-    wildcard = get(api, "/api/v1/topics/" + urllib.parse.quote("api.>", safe=""))[1]
-    assert [s["kind"] for s in wildcard["subscription_list"]] == ["subscription"]
-    listed = get(api, "/api/v1/topics?filter=api.")[1]["topics"]
-    assert {t["name"] for t in listed} == {"api.news", "api.>"}
-
-    durables = get(api, "/api/v1/durable-subscriptions?filter=api-durable")[1]["durable_subscriptions"]
-    assert [(d["key"], d["client_id"], d["name"], d["destination"], d["active"]) for d in durables] == [
-        ("api-durable:news", "api-durable", "news", "topic://api.news", True),
-    ]
-    disconnect(listener)  # away: the durable subscription keeps what is published meanwhile
-    wait_until(lambda: not get(api, "/api/v1/durable-subscriptions/api-durable%3Anews")[1]["active"],
-               what="the durable subscription inactive")
-    producer.send("/topic/api.news", "while away")
-    sync(producer, got)
-    away = get(api, "/api/v1/durable-subscriptions/api-durable%3Anews")[1]
-    assert away["ready"] == 1 and away["consumers"] == 0
-    for conn in (plain, producer):
-        disconnect(conn)
-    mqtt_close(device)
-
-
-def test_mqtt_sessions_persistent_and_clean(api, handle):
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = 300
-    keeper, keeper_got = mqtt_connect(handle, "api-keeper", version=5, clean=False, properties=props)
-    keeper.subscribe("api/alerts/#", 1)
-    keeper_got.wait_for(1, what="subacks")
-    passer, _ = mqtt_connect(handle, "api-passer", version=4)
-
-    sessions = {s["client_id"]: s for s in get(api, "/api/v1/mqtt-sessions?filter=api-")[1]["mqtt_sessions"]}
-    assert sessions["api-keeper"]["persistent"] is True and sessions["api-keeper"]["connected"] is True
-    assert sessions["api-keeper"]["subscriptions"] == ["topic://api.alerts.>"]
-    assert sessions["api-passer"]["persistent"] is False and sessions["api-passer"]["connected"] is True
-    # A clean session gets its queue with its first subscription; until then it shows an empty one.
-    assert sessions["api-passer"]["subscriptions"] == [] and sessions["api-passer"]["messages"] == 0
-    assert set(sessions["api-passer"]) == set(sessions["api-keeper"]) - {"expiry_interval", "disconnected_at"}
-    passer.subscribe("$share/api-group/api/shared/#", 1)  # a shared group's consumer comes first
-    passer.subscribe("api/passer/#", 1)
-    wait_until(lambda: get(api, "/api/v1/mqtt-sessions/api-passer")[1]["subscriptions"] == ["topic://api.passer.>"],
-               what="api-passer's subscription")
-    assert get(api, "/api/v1/mqtt-sessions/api-passer")[1]["consumers"] == 1
-
-    mqtt_close(keeper)
-    wait_until(lambda: not get(api, "/api/v1/mqtt-sessions/api-keeper")[1]["connected"], what="api-keeper offline")
-    sender, sender_got = connect(handle)
-    sender.send("/topic/api.alerts.fire", "while away", headers={"persistent": "true"})
-    sync(sender, sender_got)
-    away = get(api, "/api/v1/mqtt-sessions/api-keeper")[1]
-    assert away["ready"] == 1 and away["expiry_interval"] == 300 and away["disconnected_at"].endswith("Z")
-    mqtt_close(passer)
-    # A clean session ends with its connection.
-    wait_until(lambda: get(api, "/api/v1/mqtt-sessions/api-passer")[0] == 404, what="api-passer's session gone")
-    disconnect(sender)
 
 
 # -- connections ---------------------------------------------------------------------
@@ -314,6 +150,10 @@ def test_close_reason_is_checked(api, handle):
 
 
 def test_overview_health_and_ready(api, handle):
+    producer, got = connect(handle)  # a queue and a message of its own, whatever ran before
+    producer.send("/queue/api.overview", "x")
+    sync(producer, got)
+    disconnect(producer)
     status, overview = get(api, "/api/v1/overview")
     assert status == 200 and overview["broker"] == "gateway"
     assert overview["queues"]["count"] >= 1 and overview["messages"]["received"] >= 1

@@ -55,7 +55,7 @@ def test_answers_by_route_pattern_method_and_status(api):
     assert api.call("GET", "/api/v1/streams/sensors/latest?wait_ms=-1")[0] == 400
     assert api.call("DELETE", "/api/v1/overview")[0] == 405
     assert api.call("GET", "/no/such/path")[0] == 404
-    api.call("GET", "/api/v1/retained/a/b/c")  # a route written as a regular expression: labelled as {topic}
+    api.call("GET", "/api/v1/retained/a/b/c")  # a {topic:path} route: labelled as {topic}, as it always was
     raw = socket.create_connection(("127.0.0.1", api.handle.admin_port))
     raw.sendall(b"BREW /api/v1/queues HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert raw.makefile("rb").readline().split()[1] == b"405"

@@ -38,8 +38,8 @@ def api(tmp_path):
 def poll_api(handle: BrokerHandle) -> stream_poll.StreamPollAPI:
     """The broker's StreamPollAPI, found through the route it serves."""
     router = handle.gateway.admin.resource
-    for regex, methods in router._routes:
-        if regex.pattern.endswith("/latest$"):
+    for pattern, methods in router.routes():
+        if pattern.endswith("/latest"):
             return methods["GET"].__self__
     raise AssertionError("no /latest route")
 

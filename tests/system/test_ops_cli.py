@@ -16,7 +16,7 @@ import pytest
 
 from core.access import Rule
 from gateway.auth.users import Cost, PasswordHash, write_lines
-from tests.integration.test_admin_actions import DLQ, POLICY, dead_letter
+from tests.integration.admin_support import DLQ, POLICY, dead_letter
 from tests.support import BrokerHandle, Collector, connect, disconnect, make_config, sync, wait_until
 
 NOT_A_DLQ = "is not a dead-letter queue (policy: queue://DLQ, or DLQ.<queue> with individual_dlq) (HTTP 400)"
@@ -378,8 +378,8 @@ def test_the_password_is_asked_on_a_terminal(tmp_path):
 def test_consume_of_a_queue_paged_to_the_store_takes_each_message_once(broker):
     """Priority order holds within what is in memory, as for consumers (core/policy.py queue_memory_limit);
     the backlog paged out to the store follows in arrival order.  1500 messages are more than the 64 KiB the
-    module's broker keeps in memory per queue, several chunks of the walk and two requests of the command (gateway/admin/actions.py
-    DeliveryOrderWalk): none may be lost or taken twice, with or without a selector."""
+    module's broker keeps in memory per queue, several chunks of the walk and two requests of the command (gateway/admin/queues.py,
+    core's DeliveryOrderWalk): none may be lost or taken twice, with or without a selector."""
     pad = "x" * 200
     sent = [f"p{9 if i % 10 == 3 else 0}-{i:03d}-{pad}" for i in range(1500)]
     conn, got = connect(broker)

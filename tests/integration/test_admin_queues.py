@@ -1,9 +1,10 @@
-"""Operators' actions over the admin API (gateway/admin/actions.py, session_actions.py), over real HTTP.
+"""Queues over the admin API (gateway/admin/queues.py), over real HTTP: the views and the actions.
 
 State comes from real clients (stomp.py, paho); every action is checked on
 what the broker then does: counts, what a consumer receives next, and what a
 broker restarted on the same data directory has.  One broker serves the
-module where tests can share it (each uses its own queues); restarts and
+actions where tests can share it (each uses its own queues), another with the
+default policy the views (its counts follow max_redeliveries 6); restarts and
 users get brokers of their own.
 """
 from __future__ import annotations
@@ -12,31 +13,25 @@ import base64
 import json
 import threading
 import time
-import urllib.parse
 
 import pytest
-import stomp
 
-from core.access import Rule
-from gateway.auth.users import Cost, PasswordHash, write_lines
-from tests.integration.test_admin_streams import Api
-from tests.support import (
-    BrokerHandle,
-    Collector,
-    connect,
-    disconnect,
-    make_config,
-    mqtt_close,
-    mqtt_connect,
-    sync,
-    wait_until,
+from tests.integration.admin_support import (
+    DLQ,
+    JSON,
+    POLICY,
+    Actions,
+    as_user,
+    consume,
+    dead_letter,
+    get,
+    refused_without_admin,
+    secured_config,
+    send_all,
 )
+from tests.support import BrokerHandle, connect, disconnect, make_config, sync, wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-JSON = "application/json"
-DLQ = "queue://DLQ"
-POLICY = {"max_redeliveries": 1, "queue_memory_limit": 64 * 1024, "redelivery_delay_ms": 0}
 
 
 def configure(tmp_path, **policy):
@@ -52,76 +47,100 @@ def api(tmp_path_factory):
     handle.stop()
 
 
-class Actions(Api):
-    def do(self, method, path, doc=None, raw=None, expect=200):
-        body = raw if raw is not None else (json.dumps(doc).encode() if doc is not None else None)
-        status, headers, data = self.call(method, path, body, JSON if body is not None else None)
-        assert status == expect, (status, data)
-        if status == 204:
-            assert data == b""
-            return None
-        assert headers.get("Content-Type") == "application/json", (status, data)
-        return json.loads(data)
-
-    def browse(self, queue, query=""):
-        return self.do("GET", f"/api/v1/queues/{quote(queue)}/messages?{query}")
+@pytest.fixture(scope="module")
+def views(tmp_path_factory):
+    handle = BrokerHandle(make_config(tmp_path_factory.mktemp("queue-views")))
+    yield Actions(handle)
+    handle.stop()
 
 
-def quote(name):
-    return urllib.parse.quote(name, safe="")
+# -- views -----------------------------------------------------------------------------
 
 
-def login(handle, user=None):
-    """A stomp.py connection, as ``user`` when given (the secured broker's)."""
-    if user is None:
-        return connect(handle)
-    conn = stomp.Connection12([(handle.host, handle.port)])
-    got = Collector()
-    conn.set_listener("collector", got)
-    conn.connect(user, PASSWORDS[user], wait=True)
-    return conn, got
+def test_queue_counts_follow_sends_and_partial_acks(views):
+    producer, got = connect(views.handle)
+    for i in range(10):
+        producer.send("/queue/api.work", f"job {i}", headers={"persistent": "true"})
+    sync(producer, got)
+    consumer, received = connect(views.handle)
+    consumer.subscribe("/queue/api.work", id="1", ack="client-individual", headers={"activemq.prefetchSize": "4"})
+    first = received.wait_for(4)
+    for frame in first[:2]:
+        consumer.ack(frame.headers["ack"])
+    received.wait_for(6)  # the two acks gave the consumer credit for two more
+    sync(consumer, received)
+
+    status, queue = get(views, "/api/v1/queues/api.work")
+    assert status == 200
+    assert queue["destination"] == "queue://api.work" and queue["name"] == "api.work"
+    assert (queue["ready"], queue["unacknowledged"], queue["messages"]) == (4, 4, 8)
+    assert (queue["consumers"], queue["enqueued"], queue["dequeued"]) == (1, 10, 2)
+    assert queue["expired"] == queue["dead_lettered"] == 0
+    assert queue["oldest_message_age_ms"] >= 0 and queue["memory_bytes"] > 0 and queue["store_bytes"] > 0
+    [consumer_view] = queue["consumer_list"]
+    assert consumer_view["prefetch"] == 4 and consumer_view["unacknowledged"] == 4
+
+    disconnect(consumer)  # its four unacknowledged messages go back
+    wait_until(lambda: get(views, "/api/v1/queues/api.work")[1]["consumers"] == 0, what="no consumers on api.work")
+    queue = get(views, "/api/v1/queues/api.work")[1]
+    assert (queue["ready"], queue["unacknowledged"]) == (8, 0)
+    disconnect(producer)
 
 
-def send_all(handle, destination, bodies, user=None, **headers):
-    conn, got = login(handle, user)
-    for body in bodies:
-        conn.send(destination, body, headers={"persistent": "true", **headers})
-    sync(conn, got)
-    disconnect(conn)
+def test_queue_list_pages_filters_and_sorts(views):
+    producer, got = connect(views.handle)
+    for i in range(25):
+        for _ in range(i % 5):
+            producer.send(f"/queue/api.page.q{i:02d}", "x")
+        if i % 5 == 0:
+            producer.send(f"/queue/api.page.q{i:02d}", "x", headers={"expires": "1"})  # expired at once: still a queue
+    sync(producer, got)
+    status, page = get(views, "/api/v1/queues?filter=API.PAGE.&page_size=10&page=2")
+    assert status == 200
+    assert (page["total"], page["pages"], page["page"], page["page_size"]) == (25, 3, 2, 10)
+    assert [q["name"] for q in page["queues"]] == [f"api.page.q{i:02d}" for i in range(10, 20)]
+    last = get(views, "/api/v1/queues?filter=api.page.&page_size=10&page=3")[1]
+    assert len(last["queues"]) == 5
+    assert get(views, "/api/v1/queues?filter=api.page.&page=9")[1]["queues"] == []  # past the end: an empty page
+    deepest = get(views, "/api/v1/queues?filter=api.page.&sort=-messages&page_size=5")[1]["queues"]
+    assert all(q["messages"] == 4 for q in deepest)
+    assert [q["name"] for q in get(views, "/api/v1/queues?filter=api.page.&sort=-name&page_size=2")[1]["queues"]] == [
+        "api.page.q24", "api.page.q23",
+    ]
+    disconnect(producer)
 
 
-def consume(handle, destination, count, ack="auto", **headers):
-    """What a new consumer gets: ``count`` messages, and nothing more within a short quiet time."""
-    conn, got = connect(handle)
-    conn.subscribe(destination, id="c", ack=ack, headers=headers)
-    got.wait_for(count)
-    messages = got.settle(0.2)
-    if ack != "auto":
-        for m in messages:
-            conn.ack(m.headers["ack"])
-        sync(conn, got)
-    disconnect(conn)
-    return messages
+def test_expired_and_dead_lettered_counts(views):
+    producer, got = connect(views.handle)
+    producer.send("/queue/api.expiring", "late", headers={"expires": "1"})
+    producer.send("/queue/api.failing", "bad")
+    sync(producer, got)
+    consumer, received = connect(views.handle)
+    consumer.subscribe("/queue/api.expiring", id="1")
+    consumer.subscribe("/queue/api.failing", id="2", ack="client-individual")
+    for _ in range(7):  # max_redeliveries 6: the seventh failure dead-letters it
+        frame = received.wait_for(1)[0]
+        received.messages.clear()
+        consumer.nack(frame.headers["ack"])
+    wait_until(lambda: get(views, "/api/v1/queues/api.failing")[1]["dead_lettered"] == 1, what="one dead-lettered")
+    assert get(views, "/api/v1/queues/api.expiring")[1]["expired"] == 1
+    dlq = get(views, "/api/v1/queues/DLQ")[1]
+    assert dlq["dead_letter_queue"] is True and dlq["ready"] >= 2
+    disconnect(consumer)
+    disconnect(producer)
 
 
-def dead_letter(handle, queue, count, user=None, **headers):
-    """Send ``count`` messages to /queue/``queue`` and NACK each past max_redeliveries (1): into the DLQ."""
-    before = handle.queue_depth(DLQ)
-    send_all(handle, f"/queue/{queue}", [f"{queue}-{i}" for i in range(count)], user, **headers)
-    conn, got = login(handle, user)
-    conn.subscribe(f"/queue/{queue}", id="s", ack="client-individual")
-    seen = 0
-
-    def nacked_into_the_dlq() -> bool:
-        nonlocal seen
-        fresh = got.messages[seen:]
-        for message in fresh:  # each delivery NACKed as it comes, redeliveries too
-            conn.nack(message.headers["ack"])
-        seen += len(fresh)
-        return handle.queue_depth(DLQ) >= before + count
-
-    wait_until(nacked_into_the_dlq, 10, f"{count} messages NACKed into the DLQ")
-    disconnect(conn)
+def test_views_answer_4xx_json_for_bad_requests(views):
+    for path, status, code in [
+        ("/api/v1/queues/no.such.queue", 404, "unknown_queue"),
+        ("/api/v1/queues?page=0", 400, "bad_request"),
+        ("/api/v1/queues?page=abc", 400, "bad_request"),
+        ("/api/v1/queues?page_size=1001", 400, "bad_request"),
+        ("/api/v1/queues?sort=colour", 400, "bad_request"),
+    ]:
+        answer_status, body = get(views, path)
+        assert (answer_status, body["code"]) == (status, code), path
+        assert body["error"]
 
 
 # -- browse ----------------------------------------------------------------------------
@@ -223,7 +242,7 @@ def test_delete_queue_refused_while_it_has_consumers(api):
 # -- send --------------------------------------------------------------------------------
 
 
-def test_send_to_a_queue_and_a_topic(api):
+def test_send_to_a_queue(api):
     answer = api.do("POST", "/api/v1/queues/send.a/messages",
                     {"body": "from the console", "headers": {"k": "v", "correlation-id": "c1"}, "persistent": True, "priority": 8})
     assert answer["destination"] == "queue://send.a" and answer["persistent"] and not answer["duplicate"]
@@ -231,16 +250,9 @@ def test_send_to_a_queue_and_a_topic(api):
     assert message.body == "from the console" and message.headers["message-id"] == answer["id"]
     assert (message.headers["k"], message.headers["correlation-id"], message.headers["priority"]) == ("v", "c1", "8")
     assert message.headers["persistent"] == "true"
-    mqtt, got = mqtt_connect(api.handle, "send-sub")
-    mqtt.subscribe("send/t", qos=1)
-    got.wait_for(1, what="subacks")
-    answer = api.do("POST", "/api/v1/topics/send.t/messages", {"body_base64": "AP8=", "persistent": False})
-    assert answer["destination"] == "topic://send.t" and answer["persistent"] is False
-    assert got.wait_for(1)[0].payload == b"\x00\xff"
-    mqtt_close(mqtt)
 
 
-# -- move --------------------------------------------------------------------------------
+# -- get and move ------------------------------------------------------------------------
 
 
 def test_get_takes_messages_off_the_queue_in_order(api):
@@ -365,61 +377,6 @@ def test_dlq_replay_of_many_keeps_the_broker_answering(api):
     assert api.do("POST", "/api/v1/queues/replay.many/purge")["purged"] == n
 
 
-# -- durable subscriptions, MQTT sessions, retained messages ------------------------------------
-
-
-def test_delete_durable_subscription(api):
-    conn, got = connect(api.handle, client_id="dur-1")
-    conn.subscribe("/topic/dur.news", id="d", headers={"activemq.subscriptionName": "s1"})
-    sync(conn, got)
-    status, _, body = api.call("DELETE", "/api/v1/durable-subscriptions/dur-1/s1")
-    assert status == 409 and json.loads(body)["code"] == "subscription_active"
-    disconnect(conn)
-    send_all(api.handle, "/topic/dur.news", ["while away 1", "while away 2"])
-    answer = api.do("DELETE", "/api/v1/durable-subscriptions/dur-1/s1")
-    assert answer == {"key": "dur-1:s1", "destination": "topic://dur.news", "dropped": 2}
-    assert api.call("DELETE", "/api/v1/durable-subscriptions/dur-1/s1")[0] == 404
-    conn, got = connect(api.handle, client_id="dur-1")
-    conn.subscribe("/topic/dur.news", id="d", headers={"activemq.subscriptionName": "s1"})
-    sync(conn, got)
-    assert got.settle(0.2) == []
-    disconnect(conn)
-
-
-def test_delete_mqtt_session(api):
-    client, got = mqtt_connect(api.handle, "sess-1", clean=False)
-    client.subscribe("sess/t", qos=1)
-    got.wait_for(1, what="subacks")
-    status, _, body = api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")
-    assert status == 409 and json.loads(body)["code"] == "session_connected"
-    mqtt_close(client)
-    # Refused (409) while the broker has not seen the disconnect yet; then deleted (204).
-    wait_until(lambda: api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")[0] != 409, what="the session deleted once offline")
-    assert api.call("DELETE", "/api/v1/mqtt-sessions/sess-1")[0] == 404
-    client, got = mqtt_connect(api.handle, "sess-1", clean=False)
-    assert got.connacks[0][0].session_present is False
-    mqtt_close(client)
-
-
-def test_list_and_clear_retained_messages(api):
-    publisher, _ = mqtt_connect(api.handle, "ret-pub")
-    for topic in ("ret/a", "ret/b", "ret/deep/c"):
-        publisher.publish(topic, topic.encode(), qos=1, retain=True).wait_for_publish()
-    listing = api.do("GET", "/api/v1/retained?filter=" + quote("ret/#"))
-    assert listing["total"] == 3 and listing["filter"] == "topic://ret.>"
-    assert listing["topics"][0] == {"destination": "topic://ret.a", "topic": "ret/a", "bytes": listing["topics"][0]["bytes"]}
-    assert [t["topic"] for t in api.do("GET", "/api/v1/retained?filter=ret/%2B&page_size=1&page=2")["topics"]] == ["ret/b"]
-    assert api.do("DELETE", "/api/v1/retained/" + quote("ret/a"), expect=204) is None
-    assert api.do("DELETE", "/api/v1/retained/topic://ret.b", expect=204) is None
-    assert api.call("DELETE", "/api/v1/retained/ret/a")[0] == 404
-    subscriber, got = mqtt_connect(api.handle, "ret-sub")
-    subscriber.subscribe("ret/#", qos=1)
-    assert [m.payload for m in got.wait_for(1)] == [b"ret/deep/c"]
-    assert len(got.settle(0.2)) == 1
-    mqtt_close(subscriber)
-    mqtt_close(publisher)
-
-
 # -- bad input ---------------------------------------------------------------------------
 
 
@@ -451,10 +408,6 @@ def test_list_and_clear_retained_messages(api):
     ("POST", "/api/v1/queues/bad.a/messages", b'{"body_base64": "%%"}', 400, "bad_request", "body_base64"),
     ("GET", "/api/v1/queues/bad.a/messages?limit=0", None, 400, "bad_request", "limit must be 1-1000"),
     ("GET", "/api/v1/queues/bad.a/messages?from=x", None, 400, "bad_request", "from must be an integer"),
-    ("GET", "/api/v1/retained?filter=a/%23/b", None, 400, "bad_request", "parameter filter"),
-    ("DELETE", "/api/v1/retained/a/%2B", None, 400, "bad_request", "filter"),
-    ("DELETE", "/api/v1/durable-subscriptions/nobody/none", None, 404, "unknown_subscription", "nobody:none"),
-    ("DELETE", "/api/v1/mqtt-sessions/nobody", None, 404, "unknown_session", "nobody"),
     ("GET", "/api/v1/queues/bad.a/purge", None, 405, "method_not_allowed", "use POST"),
 ])
 def test_bad_input_gets_a_json_error(api, method, path, body, status, code, text):
@@ -476,53 +429,27 @@ def test_body_over_the_limit_gets_413(api):
 # -- users and rules -----------------------------------------------------------------------
 
 
-PASSWORDS = {"alice": "a-secret", "bob": "b-secret", "dora": "d-secret"}
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("secured")
-    users = tmp_path / "users"
-    write_lines(str(users), [f"{name}:{PasswordHash.make(pw.encode(), Cost(ln=10))}" for name, pw in PASSWORDS.items()])
-    config = configure(tmp_path)
-    config.auth.users_file = str(users)
-    config.auth.max_failed_logins = 0  # the 401 checks below are many "failed logins" from one address
-    config.auth.audit_log = str(tmp_path / "audit.log")
-    config.auth.rules = [
-        Rule.parse("user:alice", "allow", ["read", "write", "admin"], ["queue://>", "topic://>", "broker://sessions"]),
-        Rule.parse("user:bob", "allow", ["read", "write"], ["queue://>", "topic://>"]),
-        # dora may replay the DLQ, and send to sec.mine only
-        Rule.parse("user:dora", "allow", ["read", "write", "admin"], ["queue://DLQ", "queue://sec.mine"]),
-    ]
-    handle = BrokerHandle(config)
+    handle = BrokerHandle(secured_config(tmp_path_factory.mktemp("secured"), **POLICY))
     yield Actions(handle)
     handle.stop()
 
 
-def as_user(api, user, method, path, doc=None):
-    auth = {} if user is None else {"Authorization": "Basic " + base64.b64encode(f"{user}:{PASSWORDS[user]}".encode()).decode()}
-    body = json.dumps(doc).encode() if doc is not None else None
-    status, _, data = api.call(method, path, body, JSON if body else None, auth)
-    return status, json.loads(data) if data else None
-
-
 def test_actions_need_admin(secured):
     assert as_user(secured, "alice", "POST", "/api/v1/queues/sec.a/messages", {"body": "1"})[0] == 200
-    for method, path, doc in [
+    refused_without_admin(secured, [
+        ("GET", "/api/v1/queues/sec.a", None),
         ("GET", "/api/v1/queues/sec.a/messages", None),
         ("POST", "/api/v1/queues/sec.a/purge", None),
+        ("POST", "/api/v1/queues/sec.a/get", None),
+        ("PUT", "/api/v1/queues/sec.new", None),
         ("DELETE", "/api/v1/queues/sec.a", None),
         ("POST", "/api/v1/queues/sec.a/messages", {"body": "x"}),
-        ("POST", "/api/v1/topics/sec.t/messages", {"body": "x"}),
         ("POST", "/api/v1/queues/sec.a/move", {"to": "sec.b"}),
+        ("POST", "/api/v1/queues/DLQ/replay", None),
         ("POST", "/api/v1/dlq/replay", None),
-        ("DELETE", "/api/v1/durable-subscriptions/c/s", None),
-        ("DELETE", "/api/v1/mqtt-sessions/c", None),
-        ("DELETE", "/api/v1/retained/a%2Fb", None),
-    ]:
-        assert as_user(secured, None, method, path, doc)[0] == 401, path
-        status, error = as_user(secured, "bob", method, path, doc)
-        assert status == 403 and error["code"] == "forbidden" and "admin" in error["error"], (path, error)
+    ])
     # admin on the source but not on the target of a move
     assert as_user(secured, "alice", "POST", "/api/v1/queues/sec.mine/messages", {"body": "1"})[0] == 200
     status, error = as_user(secured, "dora", "POST", "/api/v1/queues/sec.mine/move", {"to": "sec.a"})
@@ -533,7 +460,6 @@ def test_actions_need_admin(secured):
         audit = [json.loads(line) for line in log]
     assert {"event": "admin_action", "user": "alice", "action": "purge", "destination": "queue://sec.a", "purged": 1}.items() \
         <= audit[-1].items()
-    assert as_user(secured, "bob", "GET", "/api/v1/retained")[1]["topics"] == []
 
 
 def test_replay_skips_targets_the_user_may_not_administer(secured):
@@ -556,24 +482,10 @@ def test_actions_hold_across_a_restart(tmp_path):
     send_all(handle, "/queue/r.deleted", ["d"] * 2)
     send_all(handle, "/queue/r.from", ["a", "b", "c"], tag="t")
     dead_letter(handle, "r.home", 3)
-    conn, got = connect(handle, client_id="r-client")
-    conn.subscribe("/topic/r.news", id="d", headers={"activemq.subscriptionName": "s"})
-    sync(conn, got)
-    disconnect(conn)
-    mqtt, mgot = mqtt_connect(handle, "r-mqtt", clean=False)
-    mqtt.subscribe("r/t", qos=1)
-    mgot.wait_for(1, what="subacks")
-    mqtt.publish("r/retained", b"kept", qos=1, retain=True).wait_for_publish()
-    mqtt.publish("r/cleared", b"gone", qos=1, retain=True).wait_for_publish()
-    mqtt_close(mqtt)
-    send_all(handle, "/topic/r.news", ["held"])
     assert api.do("POST", "/api/v1/queues/r.purged/purge")["purged"] == 3
     assert api.do("DELETE", "/api/v1/queues/r.deleted")["purged"] == 2
     assert api.do("POST", "/api/v1/queues/r.from/move", {"to": "r.to", "limit": 2})["moved"] == 2
     assert api.do("POST", "/api/v1/dlq/replay", {"limit": 2})["replayed"] == 2
-    assert api.do("DELETE", "/api/v1/durable-subscriptions/r-client/s")["dropped"] == 1
-    wait_until(lambda: api.call("DELETE", "/api/v1/mqtt-sessions/r-mqtt")[0] != 409, what="the session deleted once offline")
-    api.do("DELETE", "/api/v1/retained/r%2Fcleared", expect=204)
     assert api.do("PUT", "/api/v1/queues/r.created", expect=201) == {"destination": "queue://r.created", "created": True}
     assert api.do("PUT", "/api/v1/queues/r.created", expect=200)["created"] is False
     handle.stop()
@@ -584,15 +496,9 @@ def test_actions_hold_across_a_restart(tmp_path):
         assert queues.get("queue://r.purged") == 0 and "queue://r.deleted" not in queues
         assert queues.get("queue://r.created") == 0  # made by an operator: there while empty
         assert (queues["queue://r.from"], queues["queue://r.to"], queues[DLQ], queues["queue://r.home"]) == (1, 2, 1, 2)
-        assert handle.inspect(lambda: (handle.broker.durable("r-client:s"), handle.broker.states("mqtt:r-mqtt"))) == (None, [])
         assert [m.body for m in consume(handle, "/queue/r.to", 2)] == ["a", "b"]
         home = consume(handle, "/queue/r.home", 2, ack="client-individual")
         assert all("redelivered" not in m.headers and "originalDestination" not in m.headers for m in home)
-        mqtt, mgot = mqtt_connect(handle, "r-mqtt", clean=False)
-        assert mgot.connacks[0][0].session_present is False
-        mqtt.subscribe("r/#", qos=1)
-        assert [m.payload for m in mgot.wait_for(1)] == [b"kept"] and len(mgot.settle(0.2)) == 1
-        mqtt_close(mqtt)
     finally:
         handle.stop()
 
