@@ -148,32 +148,58 @@ class Publisher:
         from paho.mqtt.enums import CallbackAPIVersion
 
         protocol = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+        # One connection: a publisher whose broker is killed is done (paho's wait before a
+        # reconnect would also hold loop_stop() for a second).
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
+                                  reconnect_on_failure=False)
         self.client.max_inflight_messages_set(100)
         self.client.max_queued_messages_set(0)
         self._sent: list[tuple[Any, bytes]] = []  # paho's MQTTMessageInfo (published once PUBACKed), payload
+        # PUBACKs counted as paho reports them (on_publish), so that the window and the waits below
+        # are a condition to wait on, not a scan of every message sent, polled.
+        self._cond = threading.Condition()
+        self._acked = 0
+        self.client.on_publish = self._on_publish
         self.client.connect("127.0.0.1", port, 30)
         self.client.loop_start()
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason_code: Any, properties: Any) -> None:
+        with self._cond:  # called under paho's lock: only count and wake (publish() calls paho outside _cond)
+            self._acked += 1
+            self._cond.notify_all()
 
     @property
     def confirmed(self) -> list[bytes]:
         return [payload for info, payload in list(self._sent) if info.is_published()]
 
+    @property
+    def confirmed_count(self) -> int:
+        """How many of the publishes the broker has confirmed: ``len(confirmed)`` without the scan."""
+        with self._cond:
+            return self._acked
+
     def unconfirmed(self) -> int:
-        return sum(1 for info, _ in list(self._sent[-300:]) if not info.is_published())
+        with self._cond:
+            return len(self._sent) - self._acked
+
+    def _wait(self, ready: Any, timeout: float, what: str) -> None:
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout):
+                raise AssertionError(f"timed out after {timeout:g} s waiting for {what} ({len(self._sent) - self._acked} unconfirmed)")
 
     def publish(self, topic: str, payload: bytes, qos: int = 1) -> Any:
         """Publish, waiting while 100 are unconfirmed (a window, as a device keeps)."""
-        wait_until(lambda: self.unconfirmed() < 100, 60, "room in the publisher's window")
+        self._wait(lambda: len(self._sent) - self._acked < 100, 60, "room in the publisher's window")
         info = self.client.publish(topic, payload, qos)
-        self._sent.append((info, payload))
+        with self._cond:
+            self._sent.append((info, payload))
         return info
 
     def publish_all(self, topic: str, payloads: list[bytes], timeout: float = 60) -> None:
         """Publish and wait until every one is confirmed."""
         for payload in payloads:
             self.publish(topic, payload)
-        wait_until(lambda: self.unconfirmed() == 0, timeout, f"{len(payloads)} PUBACKs")
+        self._wait(lambda: len(self._sent) == self._acked, timeout, f"{len(payloads)} PUBACKs")
 
     def close(self) -> None:
         self.client.disconnect()

@@ -446,9 +446,15 @@ def mqtt_connect(
 
     ``will`` is (topic, payload, qos, retain[, properties]).  For version 5, ``clean`` is
     clean_start; set the session expiry through ``properties``.
+
+    The client never reconnects by itself (``reconnect_on_failure=False`` unless told): a
+    connection the broker closes stays closed, as a test expects, and ``mqtt_close`` returns
+    at once instead of waiting out paho's reconnect delay (up to a second).
     """
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
+
+    kwargs.setdefault("reconnect_on_failure", False)
 
     protocol = {3: mqtt.MQTTv31, 4: mqtt.MQTTv311, 5: mqtt.MQTTv5}[version]
     if version == 5:

@@ -39,7 +39,12 @@ def test_read_stream_and_write_with_executors_in_other_processes(tmp_path):
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(package)}
         run = subprocess.run(
             [str(submit), "--master", "local-cluster[2,1,1024]", "--py-files", str(package),
-             "--conf", "spark.driver.host=127.0.0.1", str(ROOT / "tests" / "spark" / "cluster_app.py"),
+             "--conf", "spark.driver.host=127.0.0.1",
+             # The JIT's first tier only, in the driver and both executors: three JVMs that live
+             # for seconds, whose optimising compiler would only compete for the two cores.
+             "--driver-java-options", "-XX:TieredStopAtLevel=1",
+             "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1",
+             str(ROOT / "tests" / "spark" / "cluster_app.py"),
              broker.url, "cluster", str(result)],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
         )

@@ -379,14 +379,18 @@ class StompProducer(threading.Thread):
             return True
 
     def finish(self, timeout: float = 10.0) -> None:
-        """Stop sending; once the broker is gone, wait for the io thread to read the last receipts."""
+        """Stop sending; wait until every send has its receipt or the connection is gone (a killed
+        broker: the io thread has then read every receipt it sent).  What is confirmed is final then."""
         self.stopping.set()
         with self._cond:
             self._cond.notify_all()
         self.join(timeout)
         if self.conn is not None:
             if self.connected.is_set():
-                self.gone.wait(timeout)
+                deadline = time.monotonic() + timeout
+                with self._cond:
+                    while self._outstanding and not self.gone.is_set() and time.monotonic() < deadline:
+                        self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             try:
                 self.conn.transport.disconnect_socket()
             except Exception:
@@ -412,9 +416,11 @@ class MqttProducer(threading.Thread):
         self.problem: str | None = None
         self._cond = threading.Condition()
         self._infos: list[tuple[str, Any]] = []  # (id, MQTTMessageInfo) not yet seen published
+        # No reconnecting by itself: a producer lives for one broker start (paho's wait before a
+        # reconnect would also hold loop_stop() for a second).
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=f"crash-pub-{cycle}-{os.getpid()}",
-            protocol=mqtt.MQTTv311, clean_session=True,
+            protocol=mqtt.MQTTv311, clean_session=True, reconnect_on_failure=False,
         )
         self.client.max_inflight_messages_set(WINDOW)
         self.client.on_connect = self._on_connect
@@ -503,9 +509,12 @@ class MqttProducer(threading.Thread):
         self.stopping.set()
         self._wake()
         self.join(timeout)
-        if self.connected.is_set():
-            self.gone.wait(timeout)  # every PUBACK the dead broker sent has been read
         with self._cond:
+            if self.connected.is_set():
+                # Every publish PUBACKed, or the connection gone (a killed broker: every PUBACK it sent has been read).
+                deadline = time.monotonic() + timeout
+                while self._settle() and not self.gone.is_set() and time.monotonic() < deadline:
+                    self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             self._settle()
         try:
             self.client.disconnect()
@@ -545,6 +554,7 @@ class MqttSubscriber:
         self._cond = threading.Condition()
         self.client = mqtt.Client(
             CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, clean_session=False,
+            reconnect_on_failure=False,  # one connection: a reconnect would take the session back from the next one
         )
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message

@@ -182,13 +182,13 @@ class Node:
 def publish_until(publisher: Publisher, payloads: list[bytes], topic: str, at: int) -> None:
     """Publish until ``at`` are confirmed (the caller then kills a broker mid-stream)."""
     for payload in payloads:
-        if len(publisher.confirmed) >= at:
+        if publisher.confirmed_count >= at:
             break
         try:
             publisher.publish(topic, payload)
         except AssertionError:
             break
-    wait_until(lambda: len(publisher.confirmed) >= at, 30, f"{at} confirmed before the kill")
+    wait_until(lambda: publisher.confirmed_count >= at, 30, f"{at} confirmed before the kill")
 
 
 def kill_and_restart(edge: Node, payloads: list[bytes], at: int, bridge: str) -> list[bytes]:

@@ -268,6 +268,8 @@ def _stomp_attempt(data_dir: Path, rng: random.Random) -> tuple[int, list[str]]:
         sender = _stomp_socket(broker.stomp_port)
         sender.sendall(_frame("SEND", {"destination": QUEUE, "persistent": "true"}, b"the-end"))
         back = _stomp_messages(_read_until(reader, b"\n\nthe-end\x00", timeout=60))
+        for sock in (reader, sender):
+            sock.close()  # a stop waits a while for clients that keep their connections open
         broker.stop()
     finally:
         stop.set()
@@ -352,6 +354,8 @@ def _mqtt_attempt(data_dir: Path, rng: random.Random) -> tuple[int, list[str]]:
                 break
             assert time.monotonic() < deadline, f"no sentinel; {len(back)} messages back"
             incoming = decoder.feed(sub.recv(1 << 20))
+        for sock in (sub, sender):
+            sock.close()  # a stop waits a while for clients that keep their connections open
         broker.stop()
     finally:
         stop.set()
