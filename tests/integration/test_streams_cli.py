@@ -18,7 +18,7 @@ from gateway import cli
 from tests.integration.test_admin_stream_status import append, destination_in, put_reader
 from tests.integration.test_admin_streams import Api
 from tests.system.test_ops_cli import columns, gateway
-from tests.support import BrokerHandle, call, make_config
+from tests.support import BrokerHandle, call, make_config, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,10 @@ def api(tmp_path_factory):
         handle.broker.streams.get("orders").readers["late"].expires_ms = handle.broker.now_ms() + 5_000
 
     call(stale)
+    # The append rate is the difference of the broker's last two samples: wait for a second one
+    # (every 0.1 s here, but a busy machine can make the first test come sooner).
+    wait_until(lambda: api.json("GET", "/api/v1/streams/sensors")[1]["records_per_second"] is not None,
+               10, "two samples of the streams' history")
     yield api
     handle.stop()
 

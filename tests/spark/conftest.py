@@ -14,10 +14,16 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.spark_jvm import archiving_options, class_archive, exit_jvm
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local[2] SparkSession for the whole test session, with the gateway format registered."""
+
+@pytest.fixture(scope="package")
+def spark(tmp_path_factory: Any) -> Iterator[Any]:
+    """One local[2] SparkSession for the tests of this package, with the gateway format registered.
+
+    Package-scoped so that its JVM exits when these tests end, leaving the
+    archive of its classes for the Spark drivers of later tests (tests/spark_jvm.py).
+    """
     pytest.importorskip("pyspark")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -33,9 +39,7 @@ def spark() -> Iterator[Any]:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.streaming.stopTimeout", "30s")
-        # The JIT's first tier only: the tests' jobs are small and short, and on two cores the
-        # optimising compiler's threads mostly compete with them.
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+        .config("spark.driver.extraJavaOptions", archiving_options(class_archive(tmp_path_factory)))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
@@ -43,4 +47,4 @@ def spark() -> Iterator[Any]:
     yield session
     for query in session.streams.active:
         query.stop()
-    session.stop()
+    exit_jvm(session)

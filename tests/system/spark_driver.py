@@ -1,7 +1,7 @@
 """A Spark driver process for the fault tests: a stream of the broker into Parquet, checkpointed.
 
     python -m tests.system.spark_driver --url URL --stream NAME --out DIR --checkpoint DIR
-        [--available-now] [--summary FILE] [--relay-to DESTINATION]
+        [--available-now] [--summary FILE] [--relay-to DESTINATION] [--java-options OPTIONS]
 
 It runs a Structured Streaming query (the ``gateway`` source into Parquet's
 file sink) until it is killed, or with ``--available-now`` until it has read
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger-ms", type=int, default=500)
     parser.add_argument("--summary")
     parser.add_argument("--relay-to")
+    parser.add_argument("--java-options", default="-XX:TieredStopAtLevel=1", help="the driver JVM's (tests/spark_jvm.py)")
     args = parser.parse_args(argv)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -43,10 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
-        # The JIT's first tier only: a driver lives for seconds to a minute, so the optimising
-        # compiler's work never pays off, and on two cores it slows the start (about 6 of 28 s to
-        # the second micro-batch here).
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+        .config("spark.driver.extraJavaOptions", args.java_options)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.spark_jvm import class_archive, driver_options
 from tests.system.crash import STREAM_CONFIG, Broker, Ledger, MqttProducer, StompProducer, read_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -33,16 +34,23 @@ pytest.importorskip("pyspark")
 RATE = 200  # messages a second per producer: every micro-batch has work, and Spark keeps up on 2 cores
 
 
+@pytest.fixture
+def java_options(tmp_path_factory: Any) -> str:
+    """The drivers' JVM options: the class archive tests/spark's session left, when it ran (tests/spark_jvm.py)."""
+    return driver_options(class_archive(tmp_path_factory))
+
+
 class Driver:
     """One run of tests/system/spark_driver.py in its own process group."""
 
     def __init__(
-        self, broker: Broker, work: Path, available_now: bool = False, summary: Path | None = None,
-        relay_to: str | None = None,
+        self, broker: Broker, work: Path, java_options: str, available_now: bool = False,
+        summary: Path | None = None, relay_to: str | None = None,
     ) -> None:
         command = [
             sys.executable, "-m", "tests.system.spark_driver", "--url", f"http://127.0.0.1:{broker.admin_port}",
             "--stream", "crash", "--out", str(work / "out"), "--checkpoint", str(work / "checkpoint"),
+            "--java-options", java_options,
         ]
         if relay_to:
             command += ["--relay-to", relay_to]
@@ -176,11 +184,11 @@ def kill_between_publish_and_commit(broker: Broker, work: Path, driver: Driver, 
     raise AssertionError(f"no micro-batch published without committing in {timeout}s:\n{(work / 'driver.log').read_text()[-3000:]}")
 
 
-def read_to_the_end_and_check(broker: Broker, tmp_path: Path, producers: Producers) -> None:
+def read_to_the_end_and_check(broker: Broker, tmp_path: Path, producers: Producers, java_options: str) -> None:
     """A last availableNow run from the checkpoint, then every confirmed message exactly once."""
     producers.finish()
     summary = tmp_path / "summary.json"
-    final = Driver(broker, tmp_path, available_now=True, summary=summary)
+    final = Driver(broker, tmp_path, java_options, available_now=True, summary=summary)
     assert final.wait(180) == 0, (tmp_path / "driver.log").read_text()[-4000:]
     print(json.dumps(check_exactly_once(summary, producers)))
 
@@ -199,31 +207,31 @@ def _stream_broker(tmp_path: Path) -> Broker:
     return broker
 
 
-def test_driver_killed_mid_stream_then_restarted_from_its_checkpoint(tmp_path):
+def test_driver_killed_mid_stream_then_restarted_from_its_checkpoint(tmp_path, java_options):
     rng = random.Random(7)
     broker = _stream_broker(tmp_path)
     producers = Producers()
     try:
         producers.start(broker)
         for kill in range(3):
-            driver = Driver(broker, tmp_path)
+            driver = Driver(broker, tmp_path, java_options)
             wait_for_batches(tmp_path, committed_batches(tmp_path) + 2, 120, driver)
             time.sleep(rng.uniform(0.1, 1.5))  # the fault's timing under test: a kill somewhere inside a later batch
             driver.kill()
-        read_to_the_end_and_check(broker, tmp_path, producers)
+        read_to_the_end_and_check(broker, tmp_path, producers, java_options)
     finally:
         producers.finish()
         broker.ensure_dead()
 
 
-def test_broker_killed_and_restarted_under_the_query(tmp_path):
+def test_broker_killed_and_restarted_under_the_query(tmp_path, java_options):
     rng = random.Random(11)
     broker = _stream_broker(tmp_path)
     producers = Producers()
     driver: Driver | None = None
     try:
         producers.start(broker)
-        driver = Driver(broker, tmp_path)
+        driver = Driver(broker, tmp_path, java_options)
         wait_for_batches(tmp_path, 2, 120, driver)
         for kill in range(3):
             time.sleep(rng.uniform(0.5, 2.0))  # the fault's timing under test: a kill at a random point of the stream
@@ -235,7 +243,7 @@ def test_broker_killed_and_restarted_under_the_query(tmp_path):
             # The query rides the restart out (the source retries for retryTimeoutMs): no new driver.
             wait_for_batches(tmp_path, committed_batches(tmp_path) + 2, 120, driver)
         driver.kill()
-        read_to_the_end_and_check(broker, tmp_path, producers)
+        read_to_the_end_and_check(broker, tmp_path, producers, java_options)
     finally:
         producers.finish()
         if driver is not None and driver.proc.poll() is None:
@@ -243,7 +251,7 @@ def test_broker_killed_and_restarted_under_the_query(tmp_path):
         broker.ensure_dead()
 
 
-def test_sink_batches_killed_after_publishing_publish_nothing_twice(tmp_path):
+def test_sink_batches_killed_after_publishing_publish_nothing_twice(tmp_path, java_options):
     """The gateway sink relays the stream to a topic; the driver is killed mid-batch three times.
 
     A batch killed after its rows were published and before Spark committed
@@ -251,17 +259,16 @@ def test_sink_batches_killed_after_publishing_publish_nothing_twice(tmp_path):
     them.  The relay topic's own stream (a consumer of every message routed
     to it) must hold each confirmed message exactly once.
     """
-    rng = random.Random(13)
     broker = _stream_broker(tmp_path)
     producers = Producers()
     try:
         producers.start(broker)
         for kill in range(2):
-            driver = Driver(broker, tmp_path, relay_to="/topic/relay.out")
+            driver = Driver(broker, tmp_path, java_options, relay_to="/topic/relay.out")
             wait_for_batches(tmp_path, committed_batches(tmp_path) + 1, 120, driver)
             kill_between_publish_and_commit(broker, tmp_path, driver)
         producers.finish()
-        final = Driver(broker, tmp_path, available_now=True, relay_to="/topic/relay.out")
+        final = Driver(broker, tmp_path, java_options, available_now=True, relay_to="/topic/relay.out")
         assert final.wait(180) == 0, (tmp_path / "driver.log").read_text()[-4000:]
         relayed = [body for records in read_stream(broker, "relay").values() for _, body in records]
         import urllib.request
