@@ -1,14 +1,17 @@
 """A turn's stream records encoded straight into a stored chunk, without pyarrow.
 
 The write path of a stream (``Partition.write``) used to hand Python lists to
-pyarrow (``pa.array`` per column, the header maps as lists of tuples, then a
-record batch and its IPC serialization): about 10,000 instructions a record
-with the calls around them, more than a plain QoS 0 message costs the broker
-in all.  The records of a turn are six columns of known types, so this module
-writes their Arrow buffers itself: the int64 columns packed with ``array``,
-the string and binary columns as one offsets buffer and their data, the header
-maps as offsets and their keys and values.  Per record there are a few list
-appends; per batch a join of the pieces, one copy of the data.
+pyarrow (``pa.array`` per column, the header maps as lists of tuples, a
+``take`` of them, then a record batch and its IPC serialization), a cost per
+record and per batch that made a stream add a third to a QoS 0 message's.
+The records of a turn are six columns of known types, so this module writes
+their Arrow buffers itself: the int64 columns packed with ``struct``, each
+string and binary column as an offsets buffer (``accumulate`` over the
+lengths) and its data (one encode of the joined column when it is ASCII), the
+header maps as offsets and their keys and values, built by repetition when
+every record has the same map.  Per record there are a few list appends and a
+comparison of its header map with the one before; per batch a join of the
+pieces, one copy of the data.
 
 The result is the same stored chunk as ``core.records.encode_chunk`` makes of
 the same records: the 24-byte chunk header and an encapsulated Arrow IPC
@@ -24,9 +27,8 @@ is a template of 584 bytes into which a batch's lengths are packed.
 from __future__ import annotations
 
 import struct
-import sys
-from array import array
-from typing import Final
+from itertools import accumulate
+from typing import Final, Iterable
 
 from core.message import Message
 
@@ -36,8 +38,6 @@ __all__ = ["CHUNK_HEADER", "CHUNK_MAGIC", "CHUNK_VERSION", "encode_records", "re
 CHUNK_HEADER: Final = struct.Struct(">2sBxIqq")
 CHUNK_MAGIC: Final = b"GS"
 CHUNK_VERSION: Final = 1
-
-_LITTLE: Final = sys.byteorder == "little"
 
 # -- the metadata template ----------------------------------------------------
 #
@@ -172,59 +172,65 @@ class _Body:
         self.pos += size + pad
 
 
-def _offsets(sizes: list[int]) -> bytes:
-    out = array("i", sizes)
-    if not _LITTLE:
-        out.byteswap()
-    return out.tobytes()
+# Packers of n little-endian int32 or int64 values, by n: ``array`` would convert
+# each value through PyArg_Parse (about 150 instructions), struct's loop takes 30.
+_PACKERS: dict[int, struct.Struct] = {}
 
 
-def _int64s(values: "array[int]") -> bytes:
-    if not _LITTLE:
-        values.byteswap()
-    return values.tobytes()
+def _packed(code: str, values: Iterable[int], count: int) -> bytes:
+    key = count * 2 + (code == "q")
+    packer = _PACKERS.get(key)
+    if packer is None:
+        if len(_PACKERS) >= 512:
+            _PACKERS.clear()
+        packer = _PACKERS[key] = struct.Struct(f"<{count}{code}")
+    return packer.pack(*values)
+
+
+def _offsets(body: _Body, lengths: list[int]) -> None:
+    """The int32 offsets buffer of values of these byte lengths."""
+    body.add(_packed("i", accumulate(lengths, initial=0), len(lengths) + 1))
 
 
 def _strings(body: _Body, values: list[str]) -> None:
     """A string column: validity (none), int32 offsets, UTF-8 data."""
     body.absent()
     joined = "".join(values)
-    offsets = [0]
-    total = 0
     if joined.isascii():
         # One encode for the column; a character is a byte.
-        for value in values:
-            total += len(value)
-            offsets.append(total)
-        body.add(_offsets(offsets))
+        _offsets(body, list(map(len, values)))
         body.add(joined.encode("ascii"))
         return
     parts = [utf8(value) for value in values]
-    for part in parts:
-        total += len(part)
-        offsets.append(total)
-    body.add(_offsets(offsets))
-    body.add_all(parts, total)
+    lengths = list(map(len, parts))
+    _offsets(body, lengths)
+    body.add_all(parts, sum(lengths))
 
 
-def _same_strings(body: _Body, value: str, n: int) -> None:
-    """A string column whose ``n`` values are one string (a partition fed by one destination)."""
+def _repeated(body: _Body, values: list[str], n: int) -> None:
+    """A string column of ``values`` over and over, ``n`` times (a map's keys when every record has it)."""
     body.absent()
-    data = value.encode("ascii") if value.isascii() else utf8(value)
-    size = len(data)
-    body.add(_offsets(list(range(0, size * (n + 1), size)) if size else [0] * (n + 1)))
-    body.add(data * n)
+    parts = [utf8(value) for value in values]
+    _offsets(body, list(map(len, parts)) * n)
+    data = b"".join(parts) * n
+    body.add(data)
 
 
 def _binaries(body: _Body, values: list[bytes]) -> None:
     body.absent()
-    offsets = [0]
-    total = 0
-    for value in values:
-        total += len(value)
-        offsets.append(total)
-    body.add(_offsets(offsets))
-    body.add_all(values, total)
+    lengths = list(map(len, values))
+    _offsets(body, lengths)
+    body.add_all(values, sum(lengths))
+
+
+class _Entries:
+    """A record's header map as two lists, made once for the records of a turn that share it."""
+
+    __slots__ = ("keys", "values")
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.keys = list(headers.keys())
+        self.values = list(headers.values())
 
 
 def encode_records(base: int, messages: list[Message], timestamps: list[int]) -> tuple[bytes, int]:
@@ -236,18 +242,16 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
     n = len(messages)
     ids: list[str] = []
     bodies: list[bytes] = []
-    keys: list[str] = []
-    values: list[str] = []
-    map_offsets = [0]
-    entries = 0
+    maps: list[_Entries] = []
     destination = messages[0].destination
     one_destination = True
-    # The header entries of the last plain record: the records of a turn mostly carry
-    # equal maps (an MQTT device's QoS header), compared as dicts, not rebuilt.
+    # The records of a turn mostly carry equal header maps (an MQTT device's QoS
+    # header): compared as dicts with the last one, not converted again.
     last: dict[str, str] | None = None
     last_persistent = False
-    last_keys: list[str] = []
-    last_values: list[str] = []
+    entries = _Entries({})
+    first = entries
+    uniform = True
     for m in messages:
         ids.append(m.id)
         bodies.append(m.body)
@@ -255,45 +259,58 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
             one_destination = False
         headers = m.headers
         if _structured(m):
-            full = record_headers(m)
-            keys.extend(full.keys())
-            values.extend(full.values())
-            entries += len(full)
-        else:
-            if headers is not last or m.persistent != last_persistent:
-                if last is None or m.persistent != last_persistent or headers != last:
-                    full = record_headers(m)
-                    last_keys = list(full.keys())
-                    last_values = list(full.values())
-                    last_persistent = m.persistent
-                last = headers
-            keys.extend(last_keys)
-            values.extend(last_values)
-            entries += len(last_keys)
-        map_offsets.append(entries)
+            entries = _Entries(record_headers(m))
+            last = None
+        elif headers is not last or m.persistent != last_persistent:
+            if last is None or m.persistent != last_persistent or headers != last:
+                entries = _Entries(record_headers(m))
+                last_persistent = m.persistent
+            last = headers
+        if not maps:
+            first = entries
+        elif entries is not first:
+            uniform = False
+        maps.append(entries)
 
-    pieces: list[bytes] = []
+    pieces: list[bytes] = [b"", _PREFIX, b""]  # the chunk header and the metadata go in last
     body = _Body(pieces)
     body.absent()
-    body.add(_int64s(array("q", range(base, base + n))))
+    body.add(_packed("q", range(base, base + n), n))
     body.absent()
-    body.add(_int64s(array("q", timestamps)))
+    body.add(_packed("q", timestamps, n))
     if one_destination:
-        _same_strings(body, destination, n)
+        _repeated(body, [destination], n)
     else:
         _strings(body, [m.destination for m in messages])
     _strings(body, ids)
     body.absent()  # the map: validity, offsets
-    body.add(_offsets(map_offsets))
-    body.absent()  # its entries (a struct): validity only
-    _strings(body, keys)
-    _strings(body, values)
+    if uniform:
+        width = len(first.keys)
+        total = width * n
+        body.add(_packed("i", range(0, total + 1, width) if width else [0] * (n + 1), n + 1))
+        body.absent()  # its entries (a struct): validity only
+        _repeated(body, first.keys, n)
+        _repeated(body, first.values, n)
+    else:
+        keys: list[str] = []
+        values: list[str] = []
+        counts: list[int] = []
+        for each in maps:
+            keys.extend(each.keys)
+            values.extend(each.values)
+            counts.append(len(each.keys))
+        total = len(keys)
+        body.add(_packed("i", accumulate(counts, initial=0), n + 1))
+        body.absent()
+        _strings(body, keys)
+        _strings(body, values)
     _binaries(body, bodies)
 
     meta = bytearray(_META)
     _I64.pack_into(meta, _BODY_LENGTH_AT, body.pos)
     _I64.pack_into(meta, _LENGTH_AT, n)
-    _LENGTHS.pack_into(meta, _NODES_AT, n, 0, n, 0, n, 0, n, 0, n, 0, entries, 0, entries, 0, entries, 0, n, 0)
+    _LENGTHS.pack_into(meta, _NODES_AT, n, 0, n, 0, n, 0, n, 0, n, 0, total, 0, total, 0, total, 0, n, 0)
     _PLACES.pack_into(meta, _BUFFERS_AT, *body.places)
-    head = CHUNK_HEADER.pack(CHUNK_MAGIC, CHUNK_VERSION, n, timestamps[0], timestamps[-1])
-    return b"".join([head, _PREFIX, meta, *pieces]), body.pos
+    pieces[0] = CHUNK_HEADER.pack(CHUNK_MAGIC, CHUNK_VERSION, n, timestamps[0], timestamps[-1])
+    pieces[2] = bytes(meta)
+    return b"".join(pieces), body.pos

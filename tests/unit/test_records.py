@@ -104,6 +104,14 @@ def test_repeated_equal_and_changing_header_maps(same):
     }
 
 
+@pytest.mark.parametrize("headers", [{}, {"mqtt-qos": "0"}, {"a": "1", "bé": "2é"}])
+def test_every_record_with_the_same_map(headers):
+    messages = [Message(f"ID:{i}", "topic://t", b"%d" % i, dict(headers)) for i in range(5)]
+    batch = written(0, messages, [1] * 5)
+    assert batch.equals(reference(0, messages, [1] * 5))
+    assert batch.column("headers").to_pylist() == [list(headers.items())] * 5
+
+
 def test_chunks_written_by_pyarrow_and_by_the_writer_read_as_one_stream():
     # What the broker stored before (pyarrow's IPC writer) and what it stores now.
     old = [Message("ID:1", "topic://t", b"old", {"k": "v"})]
