@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from itertools import accumulate
-from typing import Final, Iterable
+from typing import Final
 
 from core.message import Message
 
@@ -172,12 +172,26 @@ class _Body:
         self.pos += size + pad
 
 
-# Packers of n little-endian int32 or int64 values, by n: ``array`` would convert
-# each value through PyArg_Parse (about 150 instructions), struct's loop takes 30.
+# -- integers as bytes ------------------------------------------------------------
+#
+# Packing Python ints one by one costs: ``array('i', values)`` converts each
+# through PyArg_Parse (about 150 instructions), struct about 80 with the
+# iteration around it.  The columns of a turn are mostly regular (one
+# destination, bodies and ids of one length, one header map), so their
+# integers are arithmetic series, which big-int arithmetic writes at a few
+# instructions a byte: the little-endian bytes of n slots of w bytes holding
+# ``j * step + pattern[r]`` are those of ``C * R + step * J``, where R has a 1
+# at the start of each block of k = len(pattern) slots, C is the pattern as
+# one block, and J holds j in every slot of block j (cut from a cached series).
+
 _PACKERS: dict[int, struct.Struct] = {}
+_SERIES: dict[int, bytes] = {}  # (width, k) -> block j holds j in each slot, for j < capacity
+_LARGEST_SERIES: Final = 1 << 16  # blocks; beyond, packed one by one
 
 
-def _packed(code: str, values: Iterable[int], count: int) -> bytes:
+def _packed(code: str, values: list[int]) -> bytes:
+    """Little-endian int32 (``code`` "i") or int64 ("q") values, one by one."""
+    count = len(values)
     key = count * 2 + (code == "q")
     packer = _PACKERS.get(key)
     if packer is None:
@@ -187,18 +201,71 @@ def _packed(code: str, values: Iterable[int], count: int) -> bytes:
     return packer.pack(*values)
 
 
+def _series(width: int, k: int, n: int) -> bytes:
+    """The bytes of J (see above) for at least ``n`` blocks."""
+    key = width * 64 + k
+    found = _SERIES.get(key)
+    if found is None or len(found) < width * k * n:
+        capacity = 256
+        while capacity < n:
+            capacity *= 2
+        found = _SERIES[key] = b"".join([j.to_bytes(width, "little") * k for j in range(capacity)])
+    return found
+
+
+def _progression(width: int, pattern: list[int], step: int, n: int) -> bytes:
+    """n blocks of the slots ``j * step + pattern[r]`` (non-negative, each below 2**(8 * width))."""
+    k = len(pattern)
+    size = width * k * n
+    one = b"\x01" + b"\0" * (width * k - 1)
+    block = 0
+    for value in reversed(pattern):
+        block = (block << (8 * width)) + value
+    total = block * int.from_bytes(one * n, "little")
+    if step:
+        total += step * int.from_bytes(_series(width, k, n)[:size], "little")
+    return total.to_bytes(size, "little")
+
+
+def _int64s(values: list[int]) -> bytes:
+    first = values[0]
+    if first == values[-1] and len(values) <= _LARGEST_SERIES and first >= 0:  # never decreasing: all equal
+        return _progression(8, [first], 0, len(values))
+    return _packed("q", values)
+
+
+def _uniform_offsets(body: _Body, lengths: list[int], n: int) -> int:
+    """The int32 offsets of n blocks of values of these byte lengths; returns the last offset."""
+    step = sum(lengths)
+    end = step * n
+    if end >= 1 << 31:
+        raise ValueError(f"a stream batch of {end} bytes in one column is over Arrow's 2 GiB")
+    if n > _LARGEST_SERIES:
+        body.add(_packed("i", list(accumulate(lengths * n, initial=0))))
+        return end
+    if not lengths:  # a map with no entries: no values, one offset
+        body.add(bytes(4))
+        return 0
+    pattern = list(accumulate(lengths[:-1], initial=0))
+    body.add(_progression(4, pattern, step, n) + end.to_bytes(4, "little"))
+    return end
+
+
 def _offsets(body: _Body, lengths: list[int]) -> None:
     """The int32 offsets buffer of values of these byte lengths."""
-    body.add(_packed("i", accumulate(lengths, initial=0), len(lengths) + 1))
+    body.add(_packed("i", list(accumulate(lengths, initial=0))))
 
 
-def _strings(body: _Body, values: list[str]) -> None:
+def _strings(body: _Body, values: list[str], same_length: bool) -> None:
     """A string column: validity (none), int32 offsets, UTF-8 data."""
     body.absent()
     joined = "".join(values)
     if joined.isascii():
         # One encode for the column; a character is a byte.
-        _offsets(body, list(map(len, values)))
+        if same_length:
+            _uniform_offsets(body, [len(values[0])], len(values))
+        else:
+            _offsets(body, list(map(len, values)))
         body.add(joined.encode("ascii"))
         return
     parts = [utf8(value) for value in values]
@@ -211,16 +278,19 @@ def _repeated(body: _Body, values: list[str], n: int) -> None:
     """A string column of ``values`` over and over, ``n`` times (a map's keys when every record has it)."""
     body.absent()
     parts = [utf8(value) for value in values]
-    _offsets(body, list(map(len, parts)) * n)
-    data = b"".join(parts) * n
-    body.add(data)
+    _uniform_offsets(body, list(map(len, parts)), n)
+    body.add(b"".join(parts) * n)
 
 
-def _binaries(body: _Body, values: list[bytes]) -> None:
+def _binaries(body: _Body, values: list[bytes], same_length: bool) -> None:
     body.absent()
-    lengths = list(map(len, values))
-    _offsets(body, lengths)
-    body.add_all(values, sum(lengths))
+    if same_length:
+        size = _uniform_offsets(body, [len(values[0])], len(values))
+    else:
+        lengths = list(map(len, values))
+        _offsets(body, lengths)
+        size = sum(lengths)
+    body.add_all(values, size)
 
 
 class _Entries:
@@ -243,8 +313,13 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
     ids: list[str] = []
     bodies: list[bytes] = []
     maps: list[_Entries] = []
-    destination = messages[0].destination
+    head = messages[0]
+    destination = head.destination
     one_destination = True
+    id_length = len(head.id)
+    ids_alike = True  # of one length
+    body_length = len(head.body)
+    bodies_alike = True
     # The records of a turn mostly carry equal header maps (an MQTT device's QoS
     # header): compared as dicts with the last one, not converted again.
     last: dict[str, str] | None = None
@@ -257,6 +332,10 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
         bodies.append(m.body)
         if one_destination and m.destination != destination:
             one_destination = False
+        if ids_alike and len(m.id) != id_length:
+            ids_alike = False
+        if bodies_alike and len(m.body) != body_length:
+            bodies_alike = False
         headers = m.headers
         if _structured(m):
             entries = _Entries(record_headers(m))
@@ -275,19 +354,17 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
     pieces: list[bytes] = [b"", _PREFIX, b""]  # the chunk header and the metadata go in last
     body = _Body(pieces)
     body.absent()
-    body.add(_packed("q", range(base, base + n), n))
+    body.add(_progression(8, [base], 1, n) if n <= _LARGEST_SERIES else _packed("q", list(range(base, base + n))))
     body.absent()
-    body.add(_packed("q", timestamps, n))
+    body.add(_int64s(timestamps))
     if one_destination:
         _repeated(body, [destination], n)
     else:
-        _strings(body, [m.destination for m in messages])
-    _strings(body, ids)
+        _strings(body, [m.destination for m in messages], False)
+    _strings(body, ids, ids_alike)
     body.absent()  # the map: validity, offsets
     if uniform:
-        width = len(first.keys)
-        total = width * n
-        body.add(_packed("i", range(0, total + 1, width) if width else [0] * (n + 1), n + 1))
+        total = _uniform_offsets(body, [len(first.keys)], n)
         body.absent()  # its entries (a struct): validity only
         _repeated(body, first.keys, n)
         _repeated(body, first.values, n)
@@ -300,11 +377,11 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
             values.extend(each.values)
             counts.append(len(each.keys))
         total = len(keys)
-        body.add(_packed("i", accumulate(counts, initial=0), n + 1))
+        _offsets(body, counts)
         body.absent()
-        _strings(body, keys)
-        _strings(body, values)
-    _binaries(body, bodies)
+        _strings(body, keys, False)
+        _strings(body, values, False)
+    _binaries(body, bodies, bodies_alike)
 
     meta = bytearray(_META)
     _I64.pack_into(meta, _BODY_LENGTH_AT, body.pos)

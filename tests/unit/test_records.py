@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.message import Message
 from core.record_writer import encode_records
@@ -110,6 +112,35 @@ def test_every_record_with_the_same_map(headers):
     batch = written(0, messages, [1] * 5)
     assert batch.equals(reference(0, messages, [1] * 5))
     assert batch.column("headers").to_pylist() == [list(headers.items())] * 5
+
+
+_text = st.sampled_from(["", "a", "ab", "é", "topic://t", "ID:1", "ID:22", "\U0001f600"])
+_message = st.builds(
+    lambda i, d, b, h, p, prio: Message(i, d, b, h, persistent=p, priority=prio),
+    _text, st.sampled_from(["topic://a", "topic://bb", "queue://é"]), st.sampled_from([b"", b"x", b"yy", b"\x00" * 9]),
+    st.sampled_from([{}, {"mqtt-qos": "0"}, {"mqtt-qos": "1"}, {"a": "1", "é": ""}]), st.booleans(), st.sampled_from([4, 4, 4, 9]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**40), st.lists(_message, min_size=1, max_size=300), st.data())
+def test_any_records_read_back_as_pyarrows_conversion(base, messages, data):
+    # Regular columns take the arithmetic-series paths, irregular ones the packed ones.
+    if data.draw(st.booleans()):
+        messages = [Message(m.id, messages[0].destination, messages[0].body, messages[0].headers) for m in messages]
+    start = data.draw(st.integers(0, 2**41))
+    steps = data.draw(st.lists(st.integers(0, 3), min_size=len(messages), max_size=len(messages)))
+    timestamps = [start + sum(steps[:i + 1]) for i in range(len(messages))]
+    assert written(base, messages, timestamps).equals(reference(base, messages, timestamps))
+
+
+def test_a_turn_past_the_cached_series_is_packed_one_by_one():
+    n = 70_000
+    messages = [Message("ID:%d" % (i % 10), "topic://t", b"x" * (i % 3), {"q": "0"}) for i in range(n)]
+    batch = written(10, messages, [5] * n)
+    assert batch.column("offset")[n - 1].as_py() == 10 + n - 1
+    assert batch.column("body")[n - 1].as_py() == b"x" * ((n - 1) % 3)
+    assert batch.column("headers")[n - 1].as_py() == [("q", "0")]
 
 
 def test_chunks_written_by_pyarrow_and_by_the_writer_read_as_one_stream():
