@@ -176,17 +176,17 @@ class _Body:
 #
 # Packing Python ints one by one costs: ``array('i', values)`` converts each
 # through PyArg_Parse (about 150 instructions), struct about 80 with the
-# iteration around it.  The columns of a turn are mostly regular (one
-# destination, bodies and ids of one length, one header map), so their
-# integers are arithmetic series, which big-int arithmetic writes at a few
-# instructions a byte: the little-endian bytes of n slots of w bytes holding
-# ``j * step + pattern[r]`` are those of ``C * R + step * J``, where R has a 1
-# at the start of each block of k = len(pattern) slots, C is the pattern as
-# one block, and J holds j in every slot of block j (cut from a cached series).
+# iteration around it.  The columns of a turn are mostly regular: one
+# destination, ids and bodies of one length, one header map, one timestamp.
+# An offsets buffer always starts at 0, so a regular column's is a prefix of
+# one series that depends only on the lengths of the values in a block (a
+# record's): cached, and sliced per batch.
 
 _PACKERS: dict[int, struct.Struct] = {}
-_SERIES: dict[int, bytes] = {}  # (width, k) -> block j holds j in each slot, for j < capacity
-_LARGEST_SERIES: Final = 1 << 16  # blocks; beyond, packed one by one
+_SERIES: dict[tuple[int, ...], bytes] = {}
+_SERIES_BYTES = [0]
+_SERIES_LIMIT: Final = 8 << 20  # bytes of cached series; past it the cache starts over
+_LARGEST_SERIES: Final = 1 << 16  # blocks; a longer column is packed one by one
 
 
 def _packed(code: str, values: list[int]) -> bytes:
@@ -201,36 +201,10 @@ def _packed(code: str, values: list[int]) -> bytes:
     return packer.pack(*values)
 
 
-def _series(width: int, k: int, n: int) -> bytes:
-    """The bytes of J (see above) for at least ``n`` blocks."""
-    key = width * 64 + k
-    found = _SERIES.get(key)
-    if found is None or len(found) < width * k * n:
-        capacity = 256
-        while capacity < n:
-            capacity *= 2
-        found = _SERIES[key] = b"".join([j.to_bytes(width, "little") * k for j in range(capacity)])
-    return found
-
-
-def _progression(width: int, pattern: list[int], step: int, n: int) -> bytes:
-    """n blocks of the slots ``j * step + pattern[r]`` (non-negative, each below 2**(8 * width))."""
-    k = len(pattern)
-    size = width * k * n
-    one = b"\x01" + b"\0" * (width * k - 1)
-    block = 0
-    for value in reversed(pattern):
-        block = (block << (8 * width)) + value
-    total = block * int.from_bytes(one * n, "little")
-    if step:
-        total += step * int.from_bytes(_series(width, k, n)[:size], "little")
-    return total.to_bytes(size, "little")
-
-
 def _int64s(values: list[int]) -> bytes:
     first = values[0]
-    if first == values[-1] and len(values) <= _LARGEST_SERIES and first >= 0:  # never decreasing: all equal
-        return _progression(8, [first], 0, len(values))
+    if first == values[-1]:  # never decreasing: all equal
+        return _I64.pack(first) * len(values)
     return _packed("q", values)
 
 
@@ -240,14 +214,26 @@ def _uniform_offsets(body: _Body, lengths: list[int], n: int) -> int:
     end = step * n
     if end >= 1 << 31:
         raise ValueError(f"a stream batch of {end} bytes in one column is over Arrow's 2 GiB")
-    if n > _LARGEST_SERIES:
-        body.add(_packed("i", list(accumulate(lengths * n, initial=0))))
-        return end
     if not lengths:  # a map with no entries: no values, one offset
         body.add(bytes(4))
         return 0
-    pattern = list(accumulate(lengths[:-1], initial=0))
-    body.add(_progression(4, pattern, step, n) + end.to_bytes(4, "little"))
+    k = len(lengths)
+    size = 4 * (k * n + 1)
+    key = tuple(lengths)
+    series = _SERIES.get(key)
+    if series is None or len(series) < size:
+        capacity = 256
+        while capacity < n:
+            capacity *= 2
+        if n > _LARGEST_SERIES or step * capacity >= 1 << 31:  # a series this long is not kept
+            body.add(_packed("i", list(accumulate(lengths * n, initial=0))))
+            return end
+        if _SERIES_BYTES[0] > _SERIES_LIMIT:
+            _SERIES.clear()
+            _SERIES_BYTES[0] = 0
+        series = _SERIES[key] = _packed("i", list(accumulate(lengths * capacity, initial=0)))
+        _SERIES_BYTES[0] += len(series)
+    body.add(series[:size])
     return end
 
 
@@ -354,7 +340,7 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
     pieces: list[bytes] = [b"", _PREFIX, b""]  # the chunk header and the metadata go in last
     body = _Body(pieces)
     body.absent()
-    body.add(_progression(8, [base], 1, n) if n <= _LARGEST_SERIES else _packed("q", list(range(base, base + n))))
+    body.add(_packed("q", list(range(base, base + n))))
     body.absent()
     body.add(_int64s(timestamps))
     if one_destination:

@@ -143,6 +143,13 @@ def test_a_turn_past_the_cached_series_is_packed_one_by_one():
     assert batch.column("headers")[n - 1].as_py() == [("q", "0")]
 
 
+def test_large_bodies_of_one_length():
+    messages = [Message("ID:%d" % i, "topic://t", bytes([i]) * (8 << 20), {}) for i in range(3)]
+    batch = written(0, messages, [1, 2, 3])
+    assert [len(b) for b in batch.column("body").to_pylist()] == [8 << 20] * 3
+    assert batch.column("body")[2].as_py()[:1] == b"\x02"
+
+
 def test_chunks_written_by_pyarrow_and_by_the_writer_read_as_one_stream():
     # What the broker stored before (pyarrow's IPC writer) and what it stores now.
     old = [Message("ID:1", "topic://t", b"old", {"k": "v"})]
