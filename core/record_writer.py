@@ -296,9 +296,6 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
     the Arrow buffers, each padded to 8 bytes (the message's body).
     """
     n = len(messages)
-    ids: list[str] = []
-    bodies: list[bytes] = []
-    maps: list[_Entries] = []
     head = messages[0]
     destination = head.destination
     one_destination = True
@@ -307,15 +304,15 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
     body_length = len(head.body)
     bodies_alike = True
     # The records of a turn mostly carry equal header maps (an MQTT device's QoS
-    # header): compared as dicts with the last one, not converted again.
+    # header): compared as dicts with the last one, not converted again.  Each
+    # record's map is listed only once they differ.
     last: dict[str, str] | None = None
     last_persistent = False
-    entries = _Entries({})
-    first = entries
+    entries = first = _Entries({})
+    maps: list[_Entries] = []
     uniform = True
+    i = 0
     for m in messages:
-        ids.append(m.id)
-        bodies.append(m.body)
         if one_destination and m.destination != destination:
             one_destination = False
         if ids_alike and len(m.id) != id_length:
@@ -331,11 +328,16 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
                 entries = _Entries(record_headers(m))
                 last_persistent = m.persistent
             last = headers
-        if not maps:
+        if i == 0:
             first = entries
-        elif entries is not first:
+        elif uniform and entries is not first:
             uniform = False
-        maps.append(entries)
+            maps = [first] * i
+        if not uniform:
+            maps.append(entries)
+        i += 1
+    ids = [m.id for m in messages]
+    bodies = [m.body for m in messages]
 
     pieces: list[bytes] = [b"", _PREFIX, b""]  # the chunk header and the metadata go in last
     body = _Body(pieces)
