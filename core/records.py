@@ -12,18 +12,23 @@ last timestamp) followed by the batch as an encapsulated Arrow IPC message.
 The header lets retention and timestamp lookups decide without touching the
 batch, and its size keeps the batch's buffers 8-byte aligned so reading one
 is zero-copy.
+
+A turn's records are written by ``core/record_writer.py`` (its buffers built
+directly); a merge of small chunks goes through pyarrow here.  Both are the
+same format, and a reader cannot tell them apart.
 """
 from __future__ import annotations
 
-import array
 import struct
 from dataclasses import dataclass
 from typing import Iterable, cast
 
 import pyarrow as pa
 
+from core.record_writer import CHUNK_HEADER, CHUNK_MAGIC, CHUNK_VERSION
+
 __all__ = [
-    "SCHEMA", "ChunkHeader", "ChunkFormatError", "build_batch", "clean_headers", "encode_chunk", "chunk_header",
+    "SCHEMA", "ChunkHeader", "ChunkFormatError", "encode_chunk", "chunk_header",
     "chunk_batch", "chunk_message", "ipc_stream", "EMPTY_STREAM",
 ]
 
@@ -36,9 +41,9 @@ SCHEMA = pa.schema([
     pa.field("body", pa.binary(), nullable=False),
 ])
 
-_HEADER = struct.Struct(">2sBxIqq")  # magic, version, pad, count, first ts, last ts
-_MAGIC = b"GS"
-_VERSION = 1
+_HEADER = CHUNK_HEADER  # magic, version, pad, count, first ts, last ts
+_MAGIC = CHUNK_MAGIC
+_VERSION = CHUNK_VERSION
 _SCHEMA_MESSAGE = SCHEMA.serialize().to_pybytes()
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 # An IPC stream with the schema and no records: a range with nothing in it.
@@ -54,56 +59,6 @@ class ChunkHeader:
     count: int
     first_ts: int
     last_ts: int
-
-
-_TIMESTAMP = SCHEMA.field("timestamp").type
-_HEADERS = SCHEMA.field("headers").type
-_STRING = pa.string()
-_BINARY = pa.binary()
-_INT32 = pa.int32()
-
-
-def _utf8(value: str) -> str:
-    # A byte an MQTT name or header carried as surrogateescape: Arrow's UTF-8 cannot hold
-    # it, and the turn's records must not be lost for it: U+FFFD, as a lenient decoder shows it.
-    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-def clean_headers(headers: dict[str, str]) -> dict[str, str]:
-    """A header map Arrow can hold (see _utf8)."""
-    return {_utf8(k): _utf8(v) for k, v in headers.items()}
-
-
-def _strings(values: list[str]) -> pa.Array:
-    try:
-        return pa.array(values, _STRING)
-    except UnicodeEncodeError:
-        return pa.array([_utf8(v) for v in values], _STRING)
-
-
-def build_batch(
-    base: int, timestamps: list[int], destinations: list[str], ids: list[str],
-    header_maps: list[dict[str, str]], header_index: list[int] | None, bodies: list[bytes],
-) -> pa.RecordBatch:
-    """One batch from column lists: conversion happens in Arrow's C++, not per record in Python.
-
-    ``header_maps`` are the distinct header maps of the batch and
-    ``header_index`` which one each record has (None: one map per record).
-    Converting a dict costs pyarrow a tuple per header, the largest part of a
-    batch; the records of a turn mostly carry the same few maps (an MQTT
-    device's QoS header), so each distinct one is converted once and the
-    column taken from them (0.10 us a record instead of 0.24, measured).
-    """
-    n = len(bodies)
-    # Offsets through array.array: pa.array() of a range or list costs far more for small batches.
-    offsets = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(array.array("q", range(base, base + n)))])
-    stamps = pa.Array.from_buffers(_TIMESTAMP, n, [None, pa.py_buffer(array.array("q", timestamps))])
-    headers = pa.array(header_maps, _HEADERS)
-    if header_index is not None:
-        headers = headers.take(pa.array(header_index, _INT32))
-    return pa.RecordBatch.from_arrays([
-        offsets, stamps, _strings(destinations), _strings(ids), headers, pa.array(bodies, _BINARY),
-    ], schema=SCHEMA)
 
 
 def encode_chunk(batch: pa.RecordBatch, first_ts: int, last_ts: int) -> bytes:

@@ -215,9 +215,19 @@ class RocksStore(Store):
             raise StoreError(f"cannot open {path}: {exc}") from None
         self._families = {name: self.db.get_column_family_handle(name) for name in wanted}
         self._meta_handle: ColumnFamily | None = self._families[_META]
-        self._meta = self.db.get_column_family(_META)
+        # Families to read through, made once: rocksdict flushes a family's memtable to a
+        # new SST file whenever an Rdict of it is dropped, so one made per read (a range
+        # read, a page-in, a merge, a usage check) wrote a small file each time.
+        self._readers: dict[str, Rdict] = {}
+        self._meta = self._reader(_META)
 
     # -- keys and families --------------------------------------------------
+
+    def _reader(self, family: str) -> Rdict:
+        reader = self._readers.get(family)
+        if reader is None:
+            reader = self._readers[family] = self.db.get_column_family(family)
+        return reader
 
     @staticmethod
     def _bounded(prefix: bytes) -> ReadOptions:
@@ -309,7 +319,7 @@ class RocksStore(Store):
         if family is None:
             return
         prefix = destination.encode() + b"\x00"
-        cf = self.db.get_column_family(family)
+        cf = self._reader(family)
         bound = self._bounded(prefix)
         for key, value in _raw_items(cf, prefix + _SEQ.pack(start_seq), bound):
             yield _SEQ.unpack(key[len(prefix):])[0], value
@@ -319,7 +329,7 @@ class RocksStore(Store):
         family = self._family_for(destination, create=False)
         if family is None:
             return None
-        return self.db.get_column_family(family).get(self._message_key(destination, seq))
+        return self._reader(family).get(self._message_key(destination, seq))
 
     def destinations(self) -> list[str]:
         self._check()
@@ -647,7 +657,7 @@ class RocksStore(Store):
             return
         prefix = _PARTITION.pack(partition)
         bound = self._bounded(prefix)
-        it = self.db.get_column_family(family).iter(bound)
+        it = self._reader(family).iter(bound)
         it.seek_for_prev(_CHUNK_KEY.pack(partition, start))
         if not it.valid() or not it.key().startswith(prefix):
             it.seek(prefix)  # every chunk starts after ``start`` (or there are none)
@@ -661,7 +671,7 @@ class RocksStore(Store):
         """Disk the data takes (SST files plus memtables), for the store usage limit."""
         total = 0
         for name in self._families:
-            cf = self.db.get_column_family(name)
+            cf = self._reader(name)
             for prop in ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables"):
                 total += cf.property_int_value(prop) or 0
         return total
@@ -675,7 +685,7 @@ class RocksStore(Store):
         self._check()
         sizes: dict[str, tuple[int, int]] = {}
         for name in self._families:
-            cf = self.db.get_column_family(name)
+            cf = self._reader(name)
             sizes[name] = (
                 cf.property_int_value("rocksdb.total-sst-files-size") or 0,
                 cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0,
@@ -691,7 +701,7 @@ class RocksStore(Store):
         """
         for name in self._families:
             if not name.startswith("stream."):
-                self.db.get_column_family(name).compact_range(None, None)
+                self._reader(name).compact_range(None, None)
         self.deletes_since_compaction = 0
 
     def close(self) -> None:
@@ -724,6 +734,7 @@ class RocksStore(Store):
         # Dropped, not set to None: every method checks _closed (or the fault) before it would use them.
         self._meta_handle = None
         del self._meta
+        self._readers.clear()
         try:
             self.db.close()
         except Exception as exc:  # RocksDB reports its background error again (a full disk): the files stay as synced

@@ -425,3 +425,27 @@ def test_a_log_writer_broken_for_good_is_mended_by_opening_the_store_again(tmp_p
         assert [s for s, data in reopened.iter_messages("queue://q") if data == body] == list(range(seq))
         reopened.close()
 
+
+
+def test_reads_leave_recent_writes_in_the_memtable(path):
+    # rocksdict flushes a family's memtable into a new SST file when an Rdict of it is
+    # dropped: reading through a fresh one per call wrote a small file per read.
+    store = RocksStore(path)
+    for seq in range(3):
+        store.put_message("queue://q", seq, b"m%d" % seq)
+        store.put_chunk("s", 0, seq, b"c%d" % seq)
+    store.flush()
+    for _ in range(5):
+        assert [seq for seq, _ in store.iter_messages("queue://q")] == [0, 1, 2]
+        assert store.get_message("queue://q", 1) == b"m1"
+        assert next(store.iter_chunks("s", 0, 1)) == (1, b"c1")  # a read left unfinished
+        assert [base for base, _ in store.iter_chunks("s", 0)] == [0, 1, 2]
+        store.usage_bytes()
+    gc.collect()
+    sizes = store.family_sizes()
+    assert sizes["default"][0] == 0 and sizes["stream.s"][0] == 0  # no SST file yet
+    assert sizes["default"][1] > 0 and sizes["stream.s"][1] > 0  # all in memtables
+    store.close()
+    store = RocksStore(path)
+    assert [base for base, _ in store.iter_chunks("s", 0)] == [0, 1, 2]
+    store.close()

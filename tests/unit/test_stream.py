@@ -13,6 +13,7 @@ from core.policy import Policy
 from core.records import SCHEMA, chunk_header, ipc_stream
 from core.stream import CHUNK_PIECES, CHUNK_RECORDS, OffsetOutOfRange, StreamError, StreamSpec, UnknownPartition, UnknownStream
 from persistence.rocks import RocksStore
+from persistence.store import StoreUnavailable
 
 T0 = 1_800_000_000.0  # seconds
 
@@ -348,3 +349,31 @@ def test_a_lone_surrogate_becomes_a_replacement_character_not_a_lost_turn(world)
     assert table.column("destination").to_pylist() == ["topic://sensors.bad\ufffd", "topic://sensors.good"]
     assert table.column("headers")[0].as_py() == [("h\ufffd", "v\ufffd")]
     assert table.column("body").to_pylist() == [b"x", b"y"]
+
+
+def test_small_chunks_the_store_cannot_give_back_stay_unmerged_and_readable(world):
+    # A merge reads the small chunks back from the store; a store that cannot answer
+    # (refusing writes until it recovers) leaves them as they are, none lost.
+    w = world()
+    for i in range(CHUNK_PIECES - 1):
+        w.send("topic://sensors.a", b"%d" % i)
+        w.turn()
+    real = w.store.iter_chunks
+
+    def unavailable(*args, **kwargs):
+        raise StoreUnavailable("no space left on device")
+
+    w.store.iter_chunks = unavailable
+    w.send("topic://sensors.a", b"%d" % (CHUNK_PIECES - 1))
+    w.turn()
+    w.store.iter_chunks = real
+    counts = [chunk_header(d).count for _, d in w.store.iter_chunks("s", 0)]
+    assert counts == [1] * CHUNK_PIECES
+    # The next small chunks merge among themselves, after the ones left alone.
+    for i in range(CHUNK_PIECES, 2 * CHUNK_PIECES):
+        w.send("topic://sensors.a", b"%d" % i)
+        w.turn()
+    counts = [chunk_header(d).count for _, d in w.store.iter_chunks("s", 0)]
+    assert counts == [1] * CHUNK_PIECES + [CHUNK_PIECES]
+    assert [int(b) for b in w.records().column("body").to_pylist()] == list(range(2 * CHUNK_PIECES))
+    assert w.stream().partitions[0].bytes == sum(len(d) for _, d in w.store.iter_chunks("s", 0))
