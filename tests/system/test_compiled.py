@@ -32,7 +32,7 @@ SUBSET = [
     *(f"tests/unit/test_{name}.py" for name in (
         "broker", "connection", "deadlines", "destination", "duplicates", "lifecycle", "message", "mqtt_codec",
         "mqtt_codec_layers", "mqtt_session", "mqtt_state", "outbox", "queue", "stomp_codec", "stomp_session",
-        "stream", "topic", "trie", "turn",
+        "record_writer", "records", "stream", "topic", "trie", "turn",
     )),
     *(f"tests/integration/test_{name}.py" for name in (
         "stomp_acks", "stomp_topics", "stomp_transactions", "stomp_bad_input", "mqtt_v311", "mqtt_v5",
