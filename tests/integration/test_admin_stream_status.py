@@ -115,7 +115,8 @@ def test_a_readers_lag_per_partition_from_a_known_offset_and_the_append_rates(ap
     assert all(isinstance(r, float) and r >= 0 for r in rates)
     assert info["records_per_second"] == round(sum(rates), 3)
     lags = [s["lag"] for s in reader(info, "query-1")["lag_history"]]
-    assert set(lags) <= {7, 12} and lags == sorted(lags)  # 7 until the last append, 12 since
+    # 7 until the last append, 12 since; samples taken while the five sends arrive may show 8 to 11.
+    assert lags[-1] == 12 and lags == sorted(lags) and set(lags) <= set(range(7, 13))
     assert reader(info, "query-1")["lag_history"][0]["time_ms"] >= samples[0]["time_ms"]
 
 
