@@ -50,7 +50,7 @@ class Driver:
         command = [
             sys.executable, "-m", "tests.system.spark_driver", "--url", f"http://127.0.0.1:{broker.admin_port}",
             "--stream", "crash", "--out", str(work / "out"), "--checkpoint", str(work / "checkpoint"),
-            "--java-options", java_options,
+            f"--java-options={java_options}",  # one argument, also when it is a lone "-XX:..." (no archive yet)
         ]
         if relay_to:
             command += ["--relay-to", relay_to]
