@@ -516,7 +516,9 @@ class StreamSet:
                 written.append((partition, *done))
         if written:
             # After the write: live consumers get the new records, and the byte limit is applied.
-            self.store.when_durable(lambda: self._written(written))
+            # No client waits for this (its receipts wait on their own): let the store
+            # choose a sync that does not stop the reactor (persistence/rocks.py).
+            self.store.when_durable(lambda: self._written(written), urgent=False)
 
     def _written(self, written: list[tuple[Partition, int, list[Message], list[int]]]) -> None:
         for partition, base, messages, timestamps in written:

@@ -77,6 +77,11 @@ class PersistenceConfig:
     groups: dict[str, list[str]] = field(default_factory=dict)
     # Operations after which a batch is written at once instead of at the end of the turn.
     max_batch: int = 2000
+    # Milliseconds: while the disk's fsyncs average less than this, a sync that a client
+    # waits for (a receipt, a PUBACK) runs on the reactor thread, which it holds for that
+    # long, instead of a worker thread, whose hand-over costs more than a fast fsync.
+    # 0: always on the worker thread.
+    inline_sync_below_ms: float = 2.0
     # Seconds between retries of the store lock while another broker holds it (standby).
     lock_retry_interval: float = 1.0
     # Disk given back: every compaction_interval seconds, compact once this many
@@ -349,6 +354,8 @@ def validate(config: Config) -> None:
         raise ConfigError(f"[persistence] backend must be rocksdb or memory, got {persistence.backend!r}")
     if persistence.disk_check_interval <= 0 or persistence.fault_exit_after <= 0:
         raise ConfigError("[persistence] disk_check_interval and fault_exit_after must be positive")
+    if persistence.inline_sync_below_ms < 0:
+        raise ConfigError("[persistence] inline_sync_below_ms must be 0 (never) or more")
     for name, patterns in persistence.groups.items():
         if not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"[persistence.groups] {name!r}: group names are letters, digits, - and _")

@@ -105,7 +105,7 @@ class MemoryStore(Store):
             if data is not None:
                 yield base, data
 
-    def when_durable(self, callback: Callable[[], None]) -> None:
+    def when_durable(self, callback: Callable[[], None], urgent: bool = True) -> None:
         # Memory is as durable as it gets here: answer at once.
         callback()
 

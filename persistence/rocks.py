@@ -26,6 +26,23 @@ Group commit
   their batch was written has finished.  An explicit ``flush()`` still writes
   and syncs at once (shutdown, and readers that want every callback released).
 
+Inline syncs
+  Handing a sync to a worker thread and its end back to the reactor costs the
+  reactor thread more than a fast disk's fsync takes (the GIL passed back and
+  forth, a wake-up of each thread, one more reactor turn before the release).
+  So with ``inline_sync_below`` set, while the syncs' moving average stays
+  under it, a sync that a client waits for (``when_durable(urgent=True)``: a
+  receipt, a PUBACK) runs on the reactor thread (``flush_wal`` lets the GIL
+  go) and its callbacks are released in the same turn.  A sync only the
+  broker's own bookkeeping waits for (a stream's readable end) is started one
+  turn later, so that a client's wait coming in the same turn makes it inline,
+  and otherwise on the worker thread, where it does not stop the reactor: a
+  QoS 0 flood into a stream keeps reading while the disk syncs.  Once the
+  inline syncs' average passes the bound (a slower disk, or a moment of
+  contention), every sync goes to the worker thread, and one a second is
+  tried inline again; a fast one brings the inline syncs back.  (The worker's
+  syncs cannot measure the disk: their time includes waiting for the GIL.)
+
 A failed write or sync (a full disk)
   confirms nothing from that batch on.  rocksdict consumes a WriteBatch when
   it writes it, failed or not, so each batch's operations are also kept in a
@@ -84,6 +101,8 @@ Op = tuple["ColumnFamily | None", bytes, "bytes | None"]
 
 # Bytes of written batches kept for a sync after which a sync starts though nobody waits for one.
 KEEP_SYNC_BYTES = 4 * 1024 * 1024
+# Seconds after which a store whose inline syncs were too slow tries one again (see "Inline syncs").
+INLINE_RETRY_SECONDS = 1.0
 
 
 class StoreLocked(StoreError):
@@ -149,6 +168,7 @@ class RocksStore(Store):
         schedule: Callable[[Callable[[], None]], None] | None = None,
         max_batch: int = 2000,
         background: Background | None = None,
+        inline_sync_below: float = 0.0,
     ) -> None:
         self.path = path
         self.groups = list(groups or [])
@@ -156,6 +176,15 @@ class RocksStore(Store):
         self._schedule = schedule
         self.max_batch = max_batch
         self._background = background if sync else None
+        # Seconds: syncs a client waits for run on the reactor thread while the
+        # disk's average sync (``sync_seconds``) stays below this; 0: never.
+        self.inline_sync_below = inline_sync_below if self._background is not None else 0.0
+        # A moving average of the inline syncs' durations (a worker's would count its
+        # wait for the GIL too); past the bound, one is tried again every INLINE_RETRY_SECONDS.
+        self.sync_seconds = 0.0
+        self.inline_syncs = 0
+        self.worker_syncs = 0
+        self._retry_inline_at = 0.0
         os.makedirs(path, exist_ok=True)
         self._open()
         self._dest_family: dict[str, str] = {}
@@ -174,6 +203,12 @@ class RocksStore(Store):
         self._unsynced: deque[tuple[int, list[Callable[[], None]]]] = deque()
         self._syncing = False
         self._sync_lock = threading.Lock()
+        # The last write a callback that a client waits for needs synced, and whether
+        # the pending batch has such a callback (see "Inline syncs").
+        self._urgent_to = 0
+        self._urgent_pending = False
+        self._sync_deferred = False
+        self._releasing = False  # callbacks are being released (_synced)
         self._batch = WriteBatch(raw_mode=True)
         self._ops = 0
         # The pending batch's operations, and each batch's since the last completed sync
@@ -360,18 +395,23 @@ class RocksStore(Store):
                 break
             yield key[len(head):].decode("utf-8", "surrogateescape"), value
 
-    def when_durable(self, callback: Callable[[], None]) -> None:
-        # Immediate only when nothing is waiting: acknowledgements keep their order.
-        if not self._ops and not self._callbacks and not self._hooks and not self._unsynced:
-            if self._synced_to >= self._written:
+    def when_durable(self, callback: Callable[[], None], urgent: bool = True) -> None:
+        if not self._ops and not self._callbacks and not self._hooks:
+            # Immediate only when nothing is waiting or being released: acknowledgements keep their order.
+            if not self._unsynced and self._synced_to >= self._written and not self._releasing:
                 callback()
                 return
-            # Written, not yet synced: a sync begun now covers it.
+            # Everything is written, not all of it synced: behind what waits already,
+            # for a sync begun now (or the one running, begun after the last write).
             self._unsynced.append((self._written, [callback]))
+            if urgent:
+                self._urgent_to = self._written
             if not self._syncing:
                 self._start_sync()
             return
         self._callbacks.append(callback)
+        if urgent:
+            self._urgent_pending = True
         if not self._flush_scheduled:
             self._arrange_flush()
 
@@ -425,6 +465,9 @@ class RocksStore(Store):
                 # Never written ahead of the batch that failed: kept, in order, for recover().
                 self._kept.append((self._written, log, size))
         callbacks, self._callbacks = self._callbacks, []
+        if self._urgent_pending:
+            self._urgent_pending = False
+            self._urgent_to = self._written
         if self._fault is not None:
             if callbacks:
                 self._unsynced.append((self._written, callbacks))
@@ -432,8 +475,10 @@ class RocksStore(Store):
                 raise StoreUnavailable(self.describe_fault())
             return
         if self._background is None:
-            self._synced_to = self._written  # synced by the write itself (or never promised: sync = false)
-            self._release(callbacks)
+            # Synced by the write itself (or never promised: sync = false).
+            if callbacks:
+                self._unsynced.append((self._written, callbacks))
+            self._synced(self._written)
             return
         if callbacks:
             self._unsynced.append((self._written, callbacks))
@@ -453,9 +498,70 @@ class RocksStore(Store):
         assert self._background is not None
         if self._fault is not None:
             return  # see _flush: nothing is confirmed until recover() has written it all again
+        if self._releasing or self._syncing:
+            return  # started once the release or the running sync is done (see _synced)
+        if self.inline_sync_below and self._inline_allowed():
+            if self._urgent_to > self._synced_to:
+                self._sync_inline()
+                return
+            if self._schedule is not None:
+                # Only bookkeeping waits: a client's wait may still come this turn (its
+                # receipts are handed over after the flush), and make the sync inline.
+                if not self._sync_deferred:
+                    self._sync_deferred = True
+                    self._schedule(self._deferred_sync)
+                return
+        self._sync_on_worker()
+
+    def _deferred_sync(self) -> None:
+        self._sync_deferred = False
+        if self._closed or self._syncing or self._fault is not None or not self._unsynced or self._urgent_pending:
+            return  # (a client's wait in the pending batch: its flush starts the sync, inline)
+        if self._urgent_to > self._synced_to and self._inline_allowed():
+            self._sync_inline()
+            return
+        self._sync_on_worker()
+
+    def _sync_on_worker(self) -> None:
+        assert self._background is not None
         self._syncing = True
         target = self._written
         self._background(self._sync_wal, lambda error: self._sync_done(target, error))
+
+    def _inline_allowed(self) -> bool:
+        return self.sync_seconds < self.inline_sync_below or time.monotonic() >= self._retry_inline_at
+
+    def _sync_inline(self) -> None:
+        """On the reactor thread: fsync, then release what waited, in this turn."""
+        self._syncing = True  # callbacks that ask for more while released wait for the next sync
+        target = self._written
+        started = time.perf_counter()
+        try:
+            with self._sync_lock:
+                self.db.flush_wal(True)
+        except Exception as exc:
+            self._syncing = False
+            # As a failed sync on the worker thread: see _sync_done.
+            self._failed(exc)
+            return
+        self._measured(time.perf_counter() - started)
+        self.inline_syncs += 1
+        try:
+            self._synced(target)
+        finally:
+            self._syncing = False
+        if self._unsynced and self._fault is None:
+            self._start_sync()  # waits that came with writes made during the release
+
+    def _measured(self, seconds: float) -> None:
+        bound = self.inline_sync_below
+        if self.sync_seconds >= bound:
+            # A retry after a slow spell: this sync alone says whether the disk is fast again.
+            self.sync_seconds = seconds
+        else:
+            self.sync_seconds += (seconds - self.sync_seconds) / 8
+        if self.sync_seconds >= bound:
+            self._retry_inline_at = time.monotonic() + INLINE_RETRY_SECONDS
 
     def _sync_wal(self) -> None:
         """On a worker thread: fsync the write-ahead log (every write made so far)."""
@@ -473,20 +579,31 @@ class RocksStore(Store):
             self._failed(error)
             return
         # Everything up to target was written before this sync began: on disk, whatever failed since.
+        self.worker_syncs += 1
         self._synced(target)
-        if self._unsynced and self._fault is None:
-            self._start_sync()
 
     def _synced(self, target: int) -> None:
-        """Everything up to write ``target`` is on disk: release what waited for it, in order."""
+        """Everything up to write ``target`` is on disk: release what waited for it, in order.
+
+        A callback may ask for more while released.  Its wait joins the queue
+        (released by this loop if nothing was written since), and no sync starts
+        until the loop is done: one started inside it could release later
+        batches' callbacks ahead of the rest of this one.
+        """
         if target > self._synced_to:
             self._synced_to = target
         kept = self._kept
         while kept and kept[0][0] <= target:
             self._kept_bytes -= kept.popleft()[2]
         unsynced = self._unsynced
-        while unsynced and unsynced[0][0] <= target:
-            self._release(unsynced.popleft()[1])
+        releasing, self._releasing = self._releasing, True  # (a callback's explicit flush() nests)
+        try:
+            while unsynced and unsynced[0][0] <= self._synced_to:
+                self._release(unsynced.popleft()[1])
+        finally:
+            self._releasing = releasing
+        if unsynced and not self._syncing and self._fault is None and self._background is not None:
+            self._start_sync()
 
     # -- faults ---------------------------------------------------------------
 

@@ -126,8 +126,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def when_durable(self, callback: Callable[[], None]) -> None:
-        """Run callback once all writes issued so far are on disk."""
+    def when_durable(self, callback: Callable[[], None], urgent: bool = True) -> None:
+        """Run callback once all writes issued so far are on disk.
+
+        ``urgent``: a client waits for it (a receipt, a PUBACK); False for the
+        broker's own bookkeeping, which a store may let ride on a later sync.
+        """
 
     @abc.abstractmethod
     def before_flush(self, hook: Callable[[], None]) -> None:

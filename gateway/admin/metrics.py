@@ -263,6 +263,14 @@ class BrokerCollector(Collector):
         yield _histogram("gateway_store_batch_operations", "Operations per group-commit batch written", store.batch_ops)
         yield _histogram("gateway_store_write_seconds", "Seconds per group-commit batch write (with fsync when sync = true)",
                          store.write_seconds)
+        syncs = CounterMetricFamily("gateway_store_syncs", "Write-ahead log syncs, by the thread that ran them "
+                                    "(reactor: inline, while the disk is fast; worker)", labels=["thread"])
+        syncs.add_metric(["reactor"], store.inline_syncs)
+        syncs.add_metric(["worker"], store.worker_syncs)
+        yield syncs
+        yield GaugeMetricFamily("gateway_store_inline_sync_seconds", "Moving average of the inline syncs' seconds "
+                                "(past [persistence] inline_sync_below_ms, syncs go to the worker thread)",
+                                value=store.sync_seconds)
 
     # -- streams and logins ---------------------------------------------------------
 

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from persistence.rocks import KEEP_SYNC_BYTES, GroupConfig, RocksStore, StoreLocked, _pattern_matches
+from persistence import rocks
+from persistence.rocks import INLINE_RETRY_SECONDS, KEEP_SYNC_BYTES, GroupConfig, RocksStore, StoreLocked, _pattern_matches
 from persistence.store import StoreError, StoreUnavailable
 from tests.support import resize_filesystem, small_filesystem, wait_until
 
@@ -138,10 +139,10 @@ def test_pipelined_sync_releases_callbacks_only_after_a_sync_begun_after_their_w
     assert answered == [] and len(worker.jobs) == 1  # one sync at a time; the next covers batch 2
     worker.finish()
     assert answered == ["first"] and len(worker.jobs) == 1
-    # Nothing new is written, but "third" still waits behind "second".
+    # Nothing new is written, but "third" still waits behind "second", for the sync under way
+    # (begun after the last write): no batch to flush for it.
     store.when_durable(lambda: answered.append("third"))
-    assert answered == ["first"]
-    turns.pop()()
+    assert answered == ["first"] and turns == []
     worker.finish()
     assert answered == ["first", "second", "third"] and worker.jobs == []
     store.when_durable(lambda: answered.append("fourth"))  # nothing waiting: at once
@@ -166,6 +167,126 @@ def test_a_callback_after_its_batch_was_written_still_waits_for_the_sync(path):
     store.close()
 
 
+def stored_after_reopening(store: RocksStore, path) -> list[int]:
+    """Close the store and open it again: the sequences of queue://q it still has."""
+    store.close()
+    gc.collect()
+    reopened = RocksStore(path)
+    try:
+        return [seq for seq, _ in reopened.iter_messages("queue://q")]
+    finally:
+        reopened.close()
+
+
+def inline_store(path, bound: float = 1.0):
+    """A pipelined store that syncs inline what clients wait for while its syncs average under ``bound``."""
+    turns, worker = [], Worker()
+    store = RocksStore(path, schedule=turns.append, background=worker, inline_sync_below=bound)
+    return store, turns, worker
+
+
+def test_a_sync_a_client_waits_for_runs_inline_and_releases_in_the_same_turn(path):
+    store, turns, worker = inline_store(path)
+    answered = []
+    store.put_message("queue://q", 1, b"a")
+    turns.pop()()  # the turn's flush: written, nobody waits yet
+    store.when_durable(lambda: answered.append("receipt"))  # handed over after the flush, as sessions do
+    assert answered == ["receipt"] and worker.jobs == [] and store.inline_syncs == 1
+    assert 0 < store.sync_seconds < 1.0  # measured
+    store.put_message("queue://q", 2, b"b")
+    store.when_durable(lambda: answered.append("in the batch"))
+    turns.pop()()
+    assert answered == ["receipt", "in the batch"] and worker.jobs == [] and store.inline_syncs == 2
+    assert stored_after_reopening(store, path) == [1, 2]
+
+
+def test_a_sync_only_bookkeeping_waits_for_goes_to_the_worker_a_turn_later(path):
+    store, turns, worker = inline_store(path)
+    answered = []
+    store.put_message("queue://q", 1, b"a")
+    store.when_durable(lambda: answered.append("stream end"), urgent=False)
+    turns.pop()()  # the flush: written; the sync waits a turn for a client's wait to come
+    assert answered == [] and worker.jobs == [] and len(turns) == 1
+    turns.pop()()  # none came: on the worker thread, the reactor goes on meanwhile
+    assert answered == [] and len(worker.jobs) == 1
+    worker.finish()
+    assert answered == ["stream end"] and store.inline_syncs == 0
+    store.close()
+
+
+def test_a_clients_wait_in_the_same_turn_makes_the_bookkeepings_sync_inline_and_order_holds(path):
+    store, turns, worker = inline_store(path)
+    answered = []
+    store.put_message("queue://q", 1, b"a")
+    store.when_durable(lambda: answered.append("stream end"), urgent=False)
+    turns.pop()()
+    store.when_durable(lambda: answered.append("puback"))
+    assert answered == ["stream end", "puback"] and worker.jobs == [] and store.inline_syncs == 1
+    turns.pop()()  # the deferred start finds nothing left to sync
+    assert worker.jobs == [] and store.inline_syncs == 1
+    store.close()
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "on-the-worker"])
+def test_callbacks_asking_for_more_while_released_keep_their_order(path, inline):
+    store, turns, worker = inline_store(path, bound=1.0 if inline else 0.0)
+    answered = []
+
+    def sync() -> None:
+        if not inline:
+            worker.finish()
+
+    def first():
+        answered.append("first")
+        store.when_durable(lambda: answered.append("nothing new, asked by first"))
+        store.put_message("queue://q", 2, b"b")
+        store.when_durable(lambda: answered.append("its own write"))
+
+    store.put_message("queue://q", 1, b"a")
+    store.when_durable(first)
+    store.when_durable(lambda: answered.append("second"))
+    turns.pop()()
+    sync()
+    assert answered == ["first", "second", "nothing new, asked by first"]
+    turns.pop()()  # the write made inside the release: its own batch and sync
+    sync()
+    assert answered[-1] == "its own write" and worker.jobs == []
+    assert store.inline_syncs == (2 if inline else 0)
+    store.close()
+
+
+def test_a_slow_disk_moves_syncs_to_the_worker_and_one_is_tried_inline_again_later(path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(rocks.time, "monotonic", lambda: clock[0])
+    store, turns, worker = inline_store(path, bound=1e-9)  # every real sync is "slow" against this
+    answered = []
+    store.put_message("queue://q", 1, b"a")
+    turns.pop()()
+    store.when_durable(lambda: answered.append(1))
+    assert answered == [1] and store.inline_syncs == 1 and store.sync_seconds > store.inline_sync_below
+    store.put_message("queue://q", 2, b"b")
+    turns.pop()()
+    store.when_durable(lambda: answered.append(2))
+    assert answered == [1] and len(worker.jobs) == 1  # too slow: the worker thread now
+    worker.finish()
+    assert answered == [1, 2]
+    clock[0] += INLINE_RETRY_SECONDS
+    store.put_message("queue://q", 3, b"c")
+    turns.pop()()
+    store.inline_sync_below = 1.0  # the disk is fast again
+    store.when_durable(lambda: answered.append(3))
+    assert answered == [1, 2, 3] and store.inline_syncs == 2 and worker.jobs == []
+    assert store.sync_seconds < 1.0  # the retry alone stands for the disk again
+    store.close()
+
+
+def test_inline_syncs_need_a_worker_to_fall_back_to(path):
+    # Without a background runner every write syncs itself; the bound changes nothing.
+    store = RocksStore(path, inline_sync_below=1.0)
+    assert store.inline_sync_below == 0.0
+    store.close()
+
+
 def one_batch_awaiting_its_sync(path):
     """A pipelined store with message 1 written, its callback waiting for the sync under way."""
     worker = Worker()
@@ -186,11 +307,7 @@ def test_explicit_flush_syncs_at_once_and_a_late_sync_changes_nothing(path):
     assert answered == [1, 2]
     worker.finish()
     assert answered == [1, 2] and worker.jobs == []
-    store.close()
-    gc.collect()
-    reopened = RocksStore(path)
-    assert [seq for seq, _ in reopened.iter_messages("queue://q")] == [1, 2]
-    reopened.close()
+    assert stored_after_reopening(store, path) == [1, 2]
 
 
 def test_a_failed_sync_confirms_nothing_and_an_error_other_than_space_is_never_recovered(path):
