@@ -157,6 +157,35 @@ def test_readers_wait_for_the_sync_of_a_pipelined_store(world, tmp_path):
     assert p.end == 1 and w.records().column("body").to_pylist() == [b"1"]
 
 
+def test_a_streams_records_alone_never_hold_the_reactor_for_a_sync(world, tmp_path):
+    """Only a client's wait syncs inline (persistence/rocks.py): a QoS 0 flood into a stream syncs on the worker."""
+    jobs, turns = [], []
+    w = world()
+    w.store.close()
+    gc.collect()
+    w.store = RocksStore(str(tmp_path / "inline"), schedule=turns.append,
+                         background=lambda work, done: jobs.append((work, done)), inline_sync_below=1.0)
+    w.broker = Broker(w.store, w.clock, Policy(stream_retention_interval=0), streams=w.specs)
+    w.broker.start()
+    w.conn = w.broker.connect("producer")
+    w.send("topic://sensors.a", b"1")
+    while turns:
+        turns.pop(0)()
+    assert w.store.inline_syncs == 0 and len(jobs) == 1
+    work, done = jobs.pop()
+    work()
+    done(None)
+    assert w.stream().partitions[0].end == 1
+    # A producer's receipt for the next record: that sync runs inline, and the record is readable at once.
+    w.send("topic://sensors.a", b"2")
+    receipts = []
+    w.conn.when_durable(lambda: receipts.append("r"))
+    while turns:
+        turns.pop(0)()
+    assert receipts == ["r"] and w.store.inline_syncs == 1 and jobs == [] and w.stream().partitions[0].end == 2
+    assert w.records().column("body").to_pylist() == [b"1", b"2"]
+
+
 def test_small_turns_are_merged_into_large_chunks(world):
     w = world()
     n = CHUNK_RECORDS * 2 + 100
