@@ -515,8 +515,10 @@ class RocksStore(Store):
 
     def _deferred_sync(self) -> None:
         self._sync_deferred = False
-        if self._closed or self._syncing or self._fault is not None or not self._unsynced or self._urgent_pending:
-            return  # (a client's wait in the pending batch: its flush starts the sync, inline)
+        if self._closed or self._syncing or self._fault is not None or self._synced_to >= self._written:
+            return
+        if self._urgent_pending:
+            return  # a client's wait in the pending batch: its flush starts the sync, inline
         if self._urgent_to > self._synced_to and self._inline_allowed():
             self._sync_inline()
             return

@@ -381,16 +381,20 @@ def test_reopen_carries_kept_and_pending_writes_over_and_confirms_them_in_order(
     reopened.close()
 
 
-def test_writes_nobody_waits_for_are_synced_once_their_kept_copies_pass_a_bound(path):
+@pytest.mark.parametrize("inline_below", [0.0, 1.0], ids=["worker-only", "inline-allowed"])
+def test_writes_nobody_waits_for_are_synced_once_their_kept_copies_pass_a_bound(path, inline_below):
     # A batch's operations are kept until a sync covers them (a failed sync writes them
     # again); without receipts no sync would come, and a flood would be kept whole.
+    # With inline syncs allowed, that sync still comes (a turn later, on the worker).
     turns, worker = [], Worker()
-    store = RocksStore(path, schedule=turns.append, background=worker)
+    store = RocksStore(path, schedule=turns.append, background=worker, inline_sync_below=inline_below)
     body = b"x" * (64 * 1024)
     seq = 0
     while not worker.jobs:
+        assert seq * len(body) < 2 * KEEP_SYNC_BYTES, "no sync came for the kept writes"
         store.put_message("queue://q", seq, body)
-        turns.pop()()
+        while turns:
+            turns.pop(0)()
         seq += 1
     assert seq * len(body) >= KEEP_SYNC_BYTES > (seq - 1) * len(body)
     worker.finish()
