@@ -111,6 +111,7 @@ _FIXED = struct.Struct(">BBBqqqI")  # version, flags, priority, expiration, time
 _LEN = struct.Struct(">I")
 _FLAG_PERSISTENT = 1
 _OPTIONAL = ("group_id", "correlation_id", "reply_to", "content_type")
+_PRESENT = tuple(bytes((i,)) for i in range(1 << len(_OPTIONAL)))  # the bit set of those present
 
 
 def _put_str(parts: list[bytes], value: str) -> None:
@@ -136,15 +137,20 @@ def encode_message(message: Message) -> bytes:
     ]
     _put_str(parts, message.id)
     _put_str(parts, message.destination)
-    present = 0
-    for bit, name in enumerate(_OPTIONAL):
-        if getattr(message, name) is not None:
-            present |= 1 << bit
-    parts.append(bytes([present]))
-    for name in _OPTIONAL:
-        value = getattr(message, name)
-        if value is not None:
-            _put_str(parts, value)
+    # The _OPTIONAL fields by name, not getattr: compiled, these are direct slot reads.
+    group_id, correlation_id = message.group_id, message.correlation_id
+    reply_to, content_type = message.reply_to, message.content_type
+    present = ((0 if group_id is None else 1) | (0 if correlation_id is None else 2)
+               | (0 if reply_to is None else 4) | (0 if content_type is None else 8))
+    parts.append(_PRESENT[present])
+    if group_id is not None:
+        _put_str(parts, group_id)
+    if correlation_id is not None:
+        _put_str(parts, correlation_id)
+    if reply_to is not None:
+        _put_str(parts, reply_to)
+    if content_type is not None:
+        _put_str(parts, content_type)
     for key, value in message.headers.items():
         _put_str(parts, key)
         _put_str(parts, value)

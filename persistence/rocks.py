@@ -304,13 +304,15 @@ class RocksStore(Store):
             raise StoreError("store is closed")
 
     def _put(self, handle: ColumnFamily | None, key: bytes, value: bytes) -> None:
-        self._check()
+        if self._closed:  # _check(), inline: a put per message and per duplicate id
+            raise StoreError("store is closed")
         self._batch.put(key, value, handle)
         self._log.append((handle, key, value))
         self._grew()
 
     def _delete(self, handle: ColumnFamily | None, key: bytes, counted: bool = True) -> None:
-        self._check()
+        if self._closed:
+            raise StoreError("store is closed")
         self._batch.delete(key, handle)
         self._log.append((handle, key, None))
         if counted:
@@ -340,7 +342,7 @@ class RocksStore(Store):
     # -- Store interface ------------------------------------------------------
 
     def put_message(self, destination: str, seq: int, data: bytes) -> None:
-        family = self._family_for(destination, create=True)
+        family = self._dest_family.get(destination) or self._family_for(destination, create=True)
         self._put(self._families[family], self._message_key(destination, seq), data)
 
     def delete_message(self, destination: str, seq: int) -> None:

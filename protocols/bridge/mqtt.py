@@ -29,7 +29,13 @@ NEVER_EXPIRES = 0xFFFFFFFF
 
 
 class MqttLink(Link):
-    """One connection of a bridge to an MQTT broker."""
+    """One connection of a bridge to an MQTT broker.
+
+    Compiled with the hot path (setup.cfg): every message a bridge forwards
+    passes through ``_deliver``.  mypyc keeps it a non-native class because its
+    base is Twisted's, and interpreted code cannot subclass it (a TypeError at
+    import); ``StompLink`` stays interpreted because ``NetworkLink`` extends it.
+    """
 
     answer = "CONNACK"
 

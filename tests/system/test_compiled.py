@@ -38,6 +38,7 @@ SUBSET = [
         "stomp_acks", "stomp_topics", "stomp_transactions", "stomp_bad_input", "mqtt_v311", "mqtt_v5",
         "mqtt_bad_input", "websocket", "persistence_restart",
     )),
+    "tests/system/test_bridges.py",  # the MQTT bridge's link (protocols/bridge/mqtt.py) is compiled too
 ]
 
 
