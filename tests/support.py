@@ -171,6 +171,42 @@ class BrokerHandle:
         call(self.gateway.stop)
 
 
+class HeldSyncs:
+    """The store's fsync runner, held: a sync "still on the disk" is one the test has not let finish.
+
+    The only stand-in here: no test can make a real disk slow on purpose.  A slow disk's
+    syncs all go to the worker thread, none inline (persistence/rocks.py, "Inline syncs").
+    """
+
+    def __init__(self, handle: BrokerHandle) -> None:
+        self.store = handle.gateway.store
+        self.jobs: list[tuple[Callable[[], None], Callable[[BaseException | None], None]]] = []
+        self.real = self.store._background
+        self.inline_below = self.store.inline_sync_below
+        call(setattr, self.store, "inline_sync_below", 0.0)
+        call(setattr, self.store, "_background", lambda work, done: self.jobs.append((work, done)))
+
+    def held(self) -> int:
+        return call(len, self.jobs)
+
+    def waiting(self) -> int:
+        """Confirmations (a turn's RECEIPTs and PUBACKs of a session, one callback) the store releases once synced."""
+        return call(lambda: sum(len(callbacks) for _, callbacks in self.store._unsynced) + len(self.store._callbacks))
+
+    def finish_all(self) -> None:
+        def run() -> None:
+            while self.jobs:
+                work, done = self.jobs.pop(0)
+                work()
+                done(None)
+        call(run)
+
+    def stop_holding(self) -> None:
+        call(setattr, self.store, "_background", self.real)
+        self.finish_all()
+        call(setattr, self.store, "inline_sync_below", self.inline_below)
+
+
 @contextlib.contextmanager
 def small_filesystem(directory: Any, size: str) -> Iterator[str]:
     """A real filesystem of ``size`` ("48m") mounted at ``directory``: a tmpfs, for a disk that fills.

@@ -19,8 +19,7 @@ import stomp
 
 from protocols.bridge.settings import BridgeSettings, BridgeTopic
 from tests.bridging import Mosquitto, Publisher, Subscriber, exchange
-from tests.integration.test_persistence_restart import HeldSyncs
-from tests.support import BrokerHandle, call, connect, disconnect, make_certificates, make_config, wait_until
+from tests.support import BrokerHandle, HeldSyncs, call, connect, disconnect, make_certificates, make_config, wait_until
 from tests.support import Collector
 from tests.system.test_cli import BrokerProcess, free_port
 from tests.system.test_disk_full import StompProducer
