@@ -43,6 +43,8 @@ class Link(protocol.Protocol):
         self.last_in = 0.0
         self._timer: Any = None
         self.hold: ProducerHold | None = None  # reading paused while the store is full
+        # What this turn has for the remote, written as one at the turn's end (see write).
+        self._pending: list[bytes] = []
 
     def opened(self, connect: bytes) -> None:
         """From connectionMade: send the CONNECT and wait for its answer."""
@@ -109,8 +111,24 @@ class Link(protocol.Protocol):
             connected(self.transport).abortConnection()
 
     def write(self, data: bytes) -> None:
-        if not self.lost:
-            connected(self.transport).write(data)
+        """Send ``data`` at the end of this turn, with everything else the turn has for the remote.
+
+        As the listeners' outboxes do: a bridge forwards a turn's messages one
+        by one, and each write into Twisted's transport cost about half as much
+        as encoding the message (4% of the bridging broker's samples under
+        ``bridge-qos1``, profiled).  The order of the link's frames is kept.
+        """
+        if self.lost:
+            return
+        pending = self._pending
+        pending.append(data)
+        if len(pending) == 1:
+            self.bridge.broker.turn_end.add(self._write_pending)
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        if not self.lost and pending:
+            connected(self.transport).write(pending[0] if len(pending) == 1 else b"".join(pending))
 
     # IPushProducer: the socket to the remote is full, or has room again.
     def pauseProducing(self) -> None:
