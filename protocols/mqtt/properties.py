@@ -130,6 +130,7 @@ def _is_multi(ident: int, packet: int) -> bool:
 _PropSpec = tuple[str, int, _Check | None, bool]
 # Per packet type: identifier -> spec (decoding) and name -> spec (encoding).
 _DECODE_PROPS: dict[int, dict[int, _PropSpec]] = {p: {} for p in _ALL_WITH_PROPERTIES}
+_IDENT_BYTES = tuple(bytes((i,)) for i in range(256))  # a byte's bytes, without building them each time
 _ENCODE_PROPS: dict[int, dict[str, tuple[int, int, _Check | None, bool]]] = {
     p: {} for p in _ALL_WITH_PROPERTIES
 }
@@ -218,6 +219,14 @@ def _bad_property(ident: int, packet: int) -> MqttProtocolError:
 # --------------------------------------------------------------------------- writing
 
 
+def _pairs(parts: list[bytes], head: bytes, pairs: list[tuple[str, str]]) -> None:
+    """User properties given as a list of pairs (a TypeError for anything else, as the loop below)."""
+    for key, val in pairs:
+        parts.append(head)
+        parts.append(_string_bytes(key, "User Property name"))
+        parts.append(_string_bytes(val, "User Property value"))
+
+
 def _encode_properties(props: dict[str, Any] | None, packet: int) -> bytes:
     """The property block with its length prefix; None values are skipped."""
     if not props:
@@ -243,31 +252,35 @@ def _encode_properties(props: dict[str, Any] | None, packet: int) -> bytes:
                 values = value
         else:
             values = (value,)
+        head = _IDENT_BYTES[ident]
         try:
+            if kind == _PAIR and type(values) is list:
+                _pairs(parts, head, values)  # the common form: typed, so compiled it unpacks natively
+                continue
             for v in values:
                 if check is not None:
                     problem = check(v)
                     if problem is not None:
                         raise ValueError(f"property {name} {problem}")
+                # Pieces appended, not concatenated: one join at the end (a user property
+                # per forwarded message, at least, on a bridge's link).
+                append(head)
                 if kind == _STR:
-                    append(bytes((ident,)) + _string_bytes(v, f"property {name}"))
+                    append(_string_bytes(v, f"property {name}"))
                 elif kind == _BYTE:
-                    append(bytes((ident, v)))
+                    append(bytes((v,)))  # not the table: a value out of range must raise
                 elif kind == _U16:
-                    append(bytes((ident,)) + v.to_bytes(2, "big"))
+                    append(v.to_bytes(2, "big"))
                 elif kind == _U32:
-                    append(bytes((ident,)) + v.to_bytes(4, "big"))
+                    append(v.to_bytes(4, "big"))
                 elif kind == _PAIR:
                     key, val = v
-                    append(
-                        bytes((ident,))
-                        + _string_bytes(key, "User Property name")
-                        + _string_bytes(val, "User Property value")
-                    )
+                    append(_string_bytes(key, "User Property name"))
+                    append(_string_bytes(val, "User Property value"))
                 elif kind == _BIN:
-                    append(bytes((ident,)) + _binary_bytes(v, f"property {name}"))
+                    append(_binary_bytes(v, f"property {name}"))
                 else:
-                    append(bytes((ident,)) + encode_variable_byte_integer(v))
+                    append(encode_variable_byte_integer(v))
         except (OverflowError, TypeError, AttributeError) as exc:
             raise ValueError(f"bad value for property {name}: {value!r} ({exc})") from None
     body = b"".join(parts)

@@ -444,6 +444,15 @@ def test_user_properties_keep_order_and_repeats() -> None:
     }
 
 
+def test_a_user_property_that_is_not_a_pair_of_strings_is_refused_whatever_its_form() -> None:
+    # A list of pairs takes the encoder's fast path, a tuple of them the general loop: both refuse alike.
+    for pairs in ([("a", "1"), ("b", 2)], (("a", "1"), ("b", 2)), [("a", "1"), (None, "x")]):
+        with pytest.raises(ValueError, match="bad value for property user_properties"):
+            encode(Publish("t", b"", properties={"user_properties": pairs}), 5)
+    wire = encode(Publish("t", b"", properties={"user_properties": (("a", "1"), ("b", "2"))}), 5)
+    assert decode_all(wire, 5)[0].properties == {"user_properties": [("a", "1"), ("b", "2")]}
+
+
 # --------------------------------------------------------------------------- feeding
 
 
