@@ -220,7 +220,7 @@ def _bad_property(ident: int, packet: int) -> MqttProtocolError:
 
 
 def _pairs(parts: list[bytes], head: bytes, pairs: list[tuple[str, str]]) -> None:
-    """User properties given as a list of pairs (a TypeError for anything else, as the loop below)."""
+    """User properties given as a list of pairs; a pair that is not two strings fails as in the loop below."""
     for key, val in pairs:
         parts.append(head)
         parts.append(_string_bytes(key, "User Property name"))
@@ -254,7 +254,7 @@ def _encode_properties(props: dict[str, Any] | None, packet: int) -> bytes:
             values = (value,)
         head = _IDENT_BYTES[ident]
         try:
-            if kind == _PAIR and type(values) is list:
+            if kind == _PAIR and check is None and type(values) is list:
                 _pairs(parts, head, values)  # the common form: typed, so compiled it unpacks natively
                 continue
             for v in values:
