@@ -138,14 +138,14 @@ class StreamFeed:
         self.positions[index] = position
         return loaded
 
-    def appended(self, index: int, base: int, messages: list[Message], timestamps: list[int]) -> None:
+    def appended(self, index: int, base: int, messages: list[Message] | None, timestamps: list[int]) -> None:
         """New records were written; take them directly when this feed was at the end."""
         position = self.positions[index]
         if self.closed or position is None:
             return
         queue = self.queue
-        if position != base or len(queue) + len(messages) > WINDOW:
-            self.fill()  # behind, or full: the store has them
+        if messages is None or position != base or len(queue) + len(messages) > WINDOW:
+            self.fill()  # behind, full, or begun after the write: the store has them
             return
         seqs = self._seq
         entries: list[Entry] = []

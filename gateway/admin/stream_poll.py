@@ -116,7 +116,7 @@ class _Watch:
         self.due = None
         self.api.watches.pop(self.stream.name, None)
 
-    def appended(self, index: int, base: int, messages: list[Any], timestamps: list[int]) -> None:
+    def appended(self, index: int, base: int, messages: list[Any] | None, timestamps: list[int]) -> None:
         """A batch is on disk (``StreamSet._written``): check once every partition of it has its new end."""
         if self.due is None:
             self.due = self.api.clock.callLater(0, self.check)

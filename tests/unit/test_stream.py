@@ -46,6 +46,15 @@ class World:
         gc.collect()
         return World(self.path, specs or self.specs, clock=self.clock)
 
+    def over(self, store: RocksStore) -> None:
+        """The same streams over another store (one whose syncs the test runs itself)."""
+        self.store.close()
+        gc.collect()
+        self.store = store
+        self.broker = Broker(store, self.clock, Policy(stream_retention_interval=0), streams=self.specs)
+        self.broker.start()
+        self.conn = self.broker.connect("producer")
+
     def stream(self, name: str = "s"):
         return self.broker.streams.get(name)
 
@@ -139,12 +148,7 @@ def test_readers_wait_for_the_sync_of_a_pipelined_store(world, tmp_path):
     """Records written but not yet synced are not served: a crash could still take them back."""
     jobs = []
     w = world()
-    w.store.close()
-    gc.collect()
-    w.store = RocksStore(str(tmp_path / "pipelined"), schedule=lambda f: None, background=lambda work, done: jobs.append((work, done)))
-    w.broker = Broker(w.store, w.clock, Policy(stream_retention_interval=0), streams=w.specs)
-    w.broker.start()
-    w.conn = w.broker.connect("producer")
+    w.over(RocksStore(str(tmp_path / "pipelined"), schedule=lambda f: None, background=lambda work, done: jobs.append((work, done))))
     w.send("topic://sensors.a", b"1")
     w.store._flush(wait=False)  # the turn's write, without its sync
     p = w.stream().partitions[0]
@@ -157,17 +161,39 @@ def test_readers_wait_for_the_sync_of_a_pipelined_store(world, tmp_path):
     assert p.end == 1 and w.records().column("body").to_pylist() == [b"1"]
 
 
+def test_a_consumer_that_comes_between_a_write_and_its_sync_gets_the_records_from_the_store(world, tmp_path):
+    """With no one following, a written batch lets its messages go: a late follower reads them back."""
+    jobs = []
+    w = world()
+    w.over(RocksStore(str(tmp_path / "late"), schedule=lambda f: None, background=lambda work, done: jobs.append((work, done))))
+    first = w.send("topic://sensors.a", b"1", headers={"k": "v"})
+    w.send("topic://sensors.a", b"2")
+    w.store._flush(wait=False)  # written with nobody following: not kept for the sync
+    got = []
+    consumer = w.broker.connect("reader")
+    consumer.subscribe("stream://s", lambda c, entry, tag: got.append(entry.message), stream_offset="first")
+    assert got == []  # nothing is on disk yet
+    work, done = jobs.pop()
+    work()
+    done(None)
+    assert [m.body for m in got] == [b"1", b"2"]
+    assert [m.headers.get("x-stream-offset") for m in got] == ["0", "1"]
+    assert got[0].id == first.id and got[0].headers["k"] == "v"
+    # Now followed: the next batch goes to the consumer from the messages themselves, in order.
+    w.send("topic://sensors.a", b"3")
+    w.store._flush(wait=False)
+    work, done = jobs.pop()
+    work()
+    done(None)
+    assert [m.body for m in got] == [b"1", b"2", b"3"] and got[2].headers["x-stream-offset"] == "2"
+
+
 def test_a_streams_records_alone_never_hold_the_reactor_for_a_sync(world, tmp_path):
     """Only a client's wait syncs inline (persistence/rocks.py): a QoS 0 flood into a stream syncs on the worker."""
     jobs, turns = [], []
     w = world()
-    w.store.close()
-    gc.collect()
-    w.store = RocksStore(str(tmp_path / "inline"), schedule=turns.append,
-                         background=lambda work, done: jobs.append((work, done)), inline_sync_below=1.0)
-    w.broker = Broker(w.store, w.clock, Policy(stream_retention_interval=0), streams=w.specs)
-    w.broker.start()
-    w.conn = w.broker.connect("producer")
+    w.over(RocksStore(str(tmp_path / "inline"), schedule=turns.append,
+                      background=lambda work, done: jobs.append((work, done)), inline_sync_below=1.0))
     w.send("topic://sensors.a", b"1")
     while turns:
         turns.pop(0)()
