@@ -82,6 +82,10 @@ class PersistenceConfig:
     # long, instead of a worker thread, whose hand-over costs more than a fast fsync.
     # 0: always on the worker thread.
     inline_sync_below_ms: float = 2.0
+    # Milliseconds: a sync that no client waits for (a stream's records, which readers see
+    # once synced) starts no sooner than this after the last one ended, so that a flood
+    # of turns shares its fsyncs; records reach readers up to this much later.  0: at once.
+    stream_sync_interval_ms: float = 10.0
     # Seconds between retries of the store lock while another broker holds it (standby).
     lock_retry_interval: float = 1.0
     # Disk given back: every compaction_interval seconds, compact once this many
@@ -356,6 +360,8 @@ def validate(config: Config) -> None:
         raise ConfigError("[persistence] disk_check_interval and fault_exit_after must be positive")
     if persistence.inline_sync_below_ms < 0:
         raise ConfigError("[persistence] inline_sync_below_ms must be 0 (never) or more")
+    if not 0 <= persistence.stream_sync_interval_ms <= 1000:
+        raise ConfigError("[persistence] stream_sync_interval_ms must be from 0 (at once) to 1000")
     for name, patterns in persistence.groups.items():
         if not name.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"[persistence.groups] {name!r}: group names are letters, digits, - and _")

@@ -113,6 +113,7 @@ class Gateway:
             self.store_path, groups, sync=persistence.sync, max_batch=persistence.max_batch,
             schedule=self._soon, background=self._in_thread,
             inline_sync_below=persistence.inline_sync_below_ms / 1000,
+            later=self.reactor.callLater, unwaited_sync_gap=persistence.stream_sync_interval_ms / 1000,
         )
 
     def _open_spill(self) -> Store | None:

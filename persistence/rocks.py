@@ -169,6 +169,8 @@ class RocksStore(Store):
         max_batch: int = 2000,
         background: Background | None = None,
         inline_sync_below: float = 0.0,
+        later: Callable[[float, Callable[[], None]], object] | None = None,
+        unwaited_sync_gap: float = 0.0,
     ) -> None:
         self.path = path
         self.groups = list(groups or [])
@@ -208,6 +210,13 @@ class RocksStore(Store):
         self._urgent_to = 0
         self._urgent_pending = False
         self._sync_deferred = False
+        # Seconds: a sync that no client waits for (only a stream's records, which readers
+        # see once synced) starts no sooner than this after the last sync ended, so that
+        # many turns share it; 0: at once.  A client's wait starts one at once, as before.
+        self._later = later
+        self.unwaited_sync_gap = unwaited_sync_gap if later is not None else 0.0
+        self._last_sync_end = 0.0
+        self._gap_timer = False
         self._releasing = False  # callbacks are being released (_synced)
         self._batch = WriteBatch(raw_mode=True)
         self._ops = 0
@@ -502,6 +511,8 @@ class RocksStore(Store):
             return  # see _flush: nothing is confirmed until recover() has written it all again
         if self._releasing or self._syncing:
             return  # started once the release or the running sync is done (see _synced)
+        if self._gap_timer and self._waits_for_gap():
+            return  # its start is arranged already: no turn needs to look again
         if self.inline_sync_below and self._inline_allowed():
             if self._urgent_to > self._synced_to:
                 self._sync_inline()
@@ -526,7 +537,32 @@ class RocksStore(Store):
             return
         self._sync_on_worker()
 
+    def _waits_for_gap(self) -> bool:
+        """Whether this sync, which no client waits for, should wait for the gap (its start is arranged)."""
+        if not self.unwaited_sync_gap or self._urgent_to > self._synced_to or self._urgent_pending:
+            return False
+        if self._kept_bytes >= KEEP_SYNC_BYTES:
+            return False  # what is kept for it is bounded: no waiting past that
+        due = self._last_sync_end + self.unwaited_sync_gap - time.monotonic()
+        if due <= 0:
+            return False
+        if not self._gap_timer:
+            self._gap_timer = True
+            assert self._later is not None
+            self._later(due, self._gap_over)
+        return True
+
+    def _gap_over(self) -> None:
+        self._gap_timer = False
+        if self._closed or self._syncing or self._releasing or self._fault is not None or self._synced_to >= self._written:
+            return  # synced meanwhile (a client's wait), or one is running: it starts the next
+        self._worker_sync()
+
     def _sync_on_worker(self) -> None:
+        if not self._waits_for_gap():
+            self._worker_sync()
+
+    def _worker_sync(self) -> None:
         assert self._background is not None
         self._syncing = True
         target = self._written
@@ -549,6 +585,7 @@ class RocksStore(Store):
             self._failed(exc)
             return
         self._measured(time.perf_counter() - started)
+        self._last_sync_end = time.monotonic()
         self.inline_syncs += 1
         try:
             self._synced(target)
@@ -575,6 +612,7 @@ class RocksStore(Store):
 
     def _sync_done(self, target: int, error: BaseException | None) -> None:
         self._syncing = False
+        self._last_sync_end = time.monotonic()
         if self._closed:
             return
         if error is not None:

@@ -37,6 +37,8 @@ def test_toml_then_flags_override(tmp_path):
     ("[persistence]\ndisk_free_limit = -1\n", "disk_free_limit: bytes must be 0 or more"),
     ("[persistence]\ndisk_check_interval = 0\n", "must be positive"),
     ("[persistence]\ninline_sync_below_ms = -1\n", r"inline_sync_below_ms must be 0 \(never\) or more"),
+    ("[persistence]\nstream_sync_interval_ms = -5\n", r"stream_sync_interval_ms must be from 0 \(at once\) to 1000"),
+    ("[persistence]\nstream_sync_interval_ms = 5000\n", r"stream_sync_interval_ms must be from 0 \(at once\) to 1000"),
 ])
 def test_bad_files_name_the_problem(tmp_path, text, error):
     path = tmp_path / "gw.toml"

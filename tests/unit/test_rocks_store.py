@@ -6,6 +6,7 @@ import gc
 import os
 
 import pytest
+from twisted.internet.task import Clock
 
 from persistence import rocks
 from persistence.rocks import INLINE_RETRY_SECONDS, KEEP_SYNC_BYTES, GroupConfig, RocksStore, StoreLocked, _pattern_matches
@@ -212,6 +213,39 @@ def test_a_sync_only_bookkeeping_waits_for_goes_to_the_worker_a_turn_later(path)
     worker.finish()
     assert answered == ["stream end"] and store.inline_syncs == 0
     store.close()
+
+
+def test_syncs_nobody_waits_for_keep_a_gap_that_a_clients_wait_does_not(path):
+    """A stream's records alone: one sync per gap, however many turns; a receipt: at once."""
+    turns, worker, clock = [], Worker(), Clock()
+    store = RocksStore(path, schedule=turns.append, background=worker, inline_sync_below=1.0,
+                       later=clock.callLater, unwaited_sync_gap=60.0)
+    answered = []
+
+    def turn(seq: int, label: str, urgent: bool) -> None:
+        store.put_message("queue://q", seq, b"x")
+        store.when_durable(lambda: answered.append(label), urgent=urgent)
+        while turns:
+            turns.pop(0)()
+
+    turn(1, "records 1", urgent=False)
+    assert len(worker.jobs) == 1  # no sync before it: no gap to keep
+    worker.finish()
+    assert answered == ["records 1"]
+    turn(2, "records 2", urgent=False)
+    turn(3, "records 3", urgent=False)
+    assert worker.jobs == [] and answered == ["records 1"]  # within the gap: waiting
+    assert [round(call.getTime()) for call in clock.getDelayedCalls()] == [60]
+    clock.advance(60)
+    assert len(worker.jobs) == 1  # one sync for both turns
+    worker.finish()
+    assert answered == ["records 1", "records 2", "records 3"]
+    turn(4, "records 4", urgent=False)
+    assert worker.jobs == [] and len(clock.getDelayedCalls()) == 1
+    turn(5, "receipt", urgent=True)  # a client waits: synced now, the records before it too
+    assert answered == ["records 1", "records 2", "records 3", "records 4", "receipt"] and store.inline_syncs == 1
+    clock.advance(60)  # the gap's timer finds nothing left to sync
+    assert worker.jobs == [] and stored_after_reopening(store, path) == [1, 2, 3, 4, 5]
 
 
 def test_a_clients_wait_in_the_same_turn_makes_the_bookkeepings_sync_inline_and_order_holds(path):
