@@ -355,7 +355,7 @@ class RocksStore(Store):
         self._put(self._families[family], self._message_key(destination, seq), data)
 
     def delete_message(self, destination: str, seq: int) -> None:
-        family = self._family_for(destination, create=False)
+        family = self._dest_family.get(destination)  # as put_message: an ack per message
         if family is not None:
             self._delete(self._families[family], self._message_key(destination, seq))
 
