@@ -182,9 +182,14 @@ class Node:
         self.process.stop(signal.SIGTERM)
 
 
-def publish_until(publisher: Publisher, payloads: list[bytes], topic: str, at: int) -> None:
-    """Publish until ``at`` are confirmed (the caller then kills a broker mid-stream)."""
+def publish_until(publisher: Publisher, payloads: list[bytes], topic: str, at: int,
+                  halfway: Callable[[], None] | None = None) -> None:
+    """Publish until ``at`` are confirmed (the caller then kills a broker mid-stream); ``halfway`` is
+    called once ``at // 2`` are."""
     for payload in payloads:
+        if halfway is not None and publisher.confirmed_count >= at // 2:
+            halfway()
+            halfway = None
         if publisher.confirmed_count >= at:
             break
         try:
@@ -194,40 +199,26 @@ def publish_until(publisher: Publisher, payloads: list[bytes], topic: str, at: i
     wait_until(lambda: publisher.confirmed_count >= at, 30, f"{at} confirmed before the kill")
 
 
-def kill_and_restart(edge: Node, payloads: list[bytes], at: int, bridge: str) -> list[bytes]:
+def kill_and_restart(edge: Node, payloads: list[bytes], at: int, bridge: str, hold: BrokerHandle | None = None) -> list[bytes]:
     """A producer publishes ``payloads`` to the edge; kill -9 of the edge once ``at`` are confirmed; the edge
-    started again on its data, its bridge connected.  Returns what had been confirmed."""
+    started again on its data, its bridge connected.  Returns what had been confirmed.
+
+    With ``hold`` (the gateway the bridge sends to), its syncs are held from ``at // 2`` confirmed on, so the
+    messages it stores wait for their PUBACK: when the edge dies, some that it has are unconfirmed at the
+    edge, which must send them again.  (Without the hold the edge often had nothing in flight by the time of
+    the kill.)"""
     publisher = Publisher(edge.mqtt, client_id="producer")
-    publish_until(publisher, payloads, "sensors/t", at)
+    held: list[HeldSyncs] = []
+    publish_until(publisher, payloads, "sensors/t", at, None if hold is None else lambda: held.append(HeldSyncs(hold)))
+    for syncs in held:
+        wait_until(lambda: syncs.waiting() > 0, 30, "a PUBACK of the receiver's waiting for its held sync")
     edge.kill()
     confirmed = publisher.confirmed
     publisher.client.loop_stop()
+    for syncs in held:
+        syncs.stop_holding()  # those PUBACKs go to a connection that is gone
     edge.start()
     edge.process.wait_for_line(f"bridge {bridge}: connected")
-    return confirmed
-
-
-def kill_while_the_centre_holds_its_pubacks(edge: Node, central: BrokerHandle, payloads: list[bytes], at: int) -> list[bytes]:
-    """As kill_and_restart, but from ``at // 2`` confirmed on the centre's syncs are held, so the messages it
-    stores wait for their PUBACK: when the edge dies, some the centre has are unconfirmed at the edge, which
-    must send them again.  (Without the hold the edge often had nothing in flight by the time of the kill.)"""
-    publisher = Publisher(edge.mqtt, client_id="producer")
-    syncs: HeldSyncs | None = None
-    for payload in payloads:
-        if syncs is None and publisher.confirmed_count >= at // 2:
-            syncs = HeldSyncs(central)
-        if publisher.confirmed_count >= at:
-            break
-        publisher.publish("sensors/t", payload)
-    wait_until(lambda: publisher.confirmed_count >= at, 30, f"{at} confirmed before the kill")
-    assert syncs is not None
-    wait_until(lambda: syncs.waiting() > 0, 30, "a PUBACK of the centre's waiting for its held sync")
-    edge.kill()
-    confirmed = publisher.confirmed
-    publisher.client.loop_stop()
-    syncs.stop_holding()  # those PUBACKs go to a connection that is gone
-    edge.start()
-    edge.process.wait_for_line("bridge central: connected")
     return confirmed
 
 
@@ -300,7 +291,7 @@ def test_between_gateways_a_resend_after_kill_9_of_the_sender_arrives_exactly_on
         payloads = [f"{i:06d}".encode() for i in range(20_000)]
         confirmed: list[bytes] = []
         for kill in range(3):  # three kills while sending
-            confirmed += kill_while_the_centre_holds_its_pubacks(edge, central, payloads[kill * 5000:(kill + 1) * 5000], 3000)
+            confirmed += kill_and_restart(edge, payloads[kill * 5000:(kill + 1) * 5000], 3000, "central", hold=central)
         publisher = Publisher(edge.mqtt, client_id="producer")
         publisher.publish_all("sensors/t", [b"end"])
         reader.wait_for_payload(b"end", timeout=60)
