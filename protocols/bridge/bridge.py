@@ -212,7 +212,8 @@ class Bridge:
         remote = self.remote_name
         if remote is not None and (not path or path[-1] != remote):
             path.append(remote)
-            message.headers[PATH_HEADER] = ",".join(path)
+            # New headers, not a change to the map: a plain PUBLISH's is shared (protocols/mqtt/state.py).
+            message.headers = {**message.headers, PATH_HEADER: ",".join(path)}
         return True
 
     # -- state, for operators ---------------------------------------------------

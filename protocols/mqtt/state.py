@@ -251,19 +251,30 @@ class ClientSession:
         }).encode()
 
 
+# The headers of a PUBLISH with no user properties, retain flag or payload format, by QoS:
+# one map shared by all such messages, so a flood of them makes no dict each and a
+# stream's encoder meets the same map again (no comparison per record).  Nothing changes
+# a message's headers in place: Message.copy copies them, a bridge that puts its remote
+# on the path gives the message new ones (Bridge.arrived).
+_PLAIN_HEADERS = ({QOS_HEADER: "0"}, {QOS_HEADER: "1"}, {QOS_HEADER: "2"})
+
+
 def build_message(broker: Broker, destination: str, payload: bytes, qos: int, retain: bool, props: dict[str, Any]) -> Message:
     """A core message from a PUBLISH or a will: MQTT 5 properties become the common fields and headers."""
-    headers: dict[str, str] = {}
     users = props.get("user_properties", ())
-    for key, value in users:
-        headers.setdefault(key, value)
-    if len(headers) < len(users):
-        headers[USER_PROPERTIES_HEADER] = json.dumps(users)
-    headers[QOS_HEADER] = str(qos)
-    if retain:
-        headers[RETAIN_HEADER] = "1"
-    if props.get("payload_format_indicator") == 1:
-        headers[FORMAT_HEADER] = "1"
+    if not users and not retain and props.get("payload_format_indicator") != 1 and 0 <= qos <= 2:
+        headers = _PLAIN_HEADERS[qos]
+    else:
+        headers = {}
+        for key, value in users:
+            headers.setdefault(key, value)
+        if len(headers) < len(users):
+            headers[USER_PROPERTIES_HEADER] = json.dumps(users)
+        headers[QOS_HEADER] = str(qos)
+        if retain:
+            headers[RETAIN_HEADER] = "1"
+        if props.get("payload_format_indicator") == 1:
+            headers[FORMAT_HEADER] = "1"
     now = broker.now_ms()
     expiry = props.get("message_expiry_interval")
     reply_to = props.get("response_topic")

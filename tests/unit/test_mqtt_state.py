@@ -64,3 +64,26 @@ def test_build_message_maps_mqtt5_properties_to_common_fields():
     assert message.correlation_id.encode("utf-8", "surrogateescape") == b"\xff\x00"
     assert message_qos(message) == 1
     assert message_qos(build_message(broker, "topic://t", b"", 0, False, {})) == 0
+
+
+def test_plain_publishes_share_their_headers_and_a_bridge_gives_one_new_headers_not_a_change():
+    """A PUBLISH with no properties gets the QoS's shared map; a bridge that puts its remote on a
+    message's path must not write into that map, or every plain message would carry the path."""
+    from protocols.bridge.bridge import PATH_HEADER, Bridge
+    from protocols.bridge.settings import BridgeSettings
+
+    clock = Clock()
+    clock.advance(1_000)
+    broker = Broker(MemoryStore(), clock)
+    first = build_message(broker, "topic://a", b"1", 1, False, {})
+    second = build_message(broker, "topic://b", b"2", 1, False, {})
+    assert first.headers is second.headers and first.headers == {"mqtt-qos": "1"}
+    assert build_message(broker, "topic://a", b"", 0, False, {}).headers == {"mqtt-qos": "0"}
+    retained = build_message(broker, "topic://a", b"", 1, True, {})
+    assert retained.headers == {"mqtt-qos": "1", "mqtt-retain": "1"} and retained.headers is not first.headers
+    bridge = Bridge(broker, BridgeSettings("up", "mqtt://127.0.0.1:1883"), "edge")
+    bridge.remote_name = "centre"
+    assert bridge.arrived(first)
+    assert first.headers == {"mqtt-qos": "1", PATH_HEADER: "centre"}
+    assert second.headers == {"mqtt-qos": "1"}  # the shared map is as it was
+    assert build_message(broker, "topic://c", b"3", 1, False, {}).headers == {"mqtt-qos": "1"}
