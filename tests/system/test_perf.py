@@ -90,6 +90,13 @@ def test_scenarios_on_a_broker_that_streams_every_destination_with_users_and_rul
     # The label says how the broker ran: its flags, and compiled or pure Python.
     label = f"gateway (--start-broker --stream --auth; {compiled.describe().split(' (')[0]})"
     assert all(r["verified"] and r["broker"] == label for r in lines), lines
+    # The broker's CPU split by thread: the reactor did the work; the syncs ran
+    # on it or the worker, and a stream's flushes on RocksDB's own threads.
+    for r in lines:
+        threads = r["broker_threads_cpu_s"]
+        assert set(threads) == {"main", "rocksdb", "other"}
+        assert 0 < threads["main"] and sum(threads.values()) <= r["broker_cpu_s"] + 0.02, r
+    assert "broker_threads=main " in run.stdout
 
 
 def test_auth_makes_the_broker_refuse_anonymous_clients():

@@ -144,6 +144,9 @@ def table(results: list[Result], label: str, pid: int | None) -> str:
         extra = {k: v for k, v in r.details.items() if k not in ("broker_rss_before", "broker_rss_after", "connected_client_rtt_ms")}
         if r.scenario == "connections" and r.details.get("broker_rss_after") is not None:
             extra["broker_rss"] = f"{r.details['broker_rss_before'] / 2**20:.1f} -> {r.details['broker_rss_after'] / 2**20:.1f} MiB"
+        threads = extra.pop("broker_threads_cpu_s", None)
+        if threads:
+            extra["broker_threads"] = " ".join(f"{kind} {seconds:.2f}s" for kind, seconds in threads.items())
         rtt = r.details.get("connected_client_rtt_ms")
         if rtt:
             extra["connected_client_rtt_ms"] = "before p50 {} / during p50 {} p99 {} max {}".format(

@@ -21,6 +21,46 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+THREAD_KINDS = ("main", "rocksdb", "other")
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]] | None:
+    """Each live thread's kind and CPU so far; see ``thread_cpu_split``."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # ended meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        kind = "main" if tid == str(pid) else "rocksdb" if name.startswith("rocksdb:") else "other"
+        out[int(tid)] = (kind, (int(fields[11]) + int(fields[12])) / _TICK)
+    return out
+
+
+def thread_cpu_split(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU between two readings by kind of thread: ``main`` (a Twisted broker's reactor), ``rocksdb``, ``other``.
+
+    A broker's total hides where a cost lands: a stream's records add work on
+    the reactor (encoding, the log's write), in RocksDB's flush and compaction
+    threads, and in the thread that syncs; the split tells them apart.
+    RocksDB names its background threads ``rocksdb:high`` and ``rocksdb:low``;
+    any other program's threads count as ``other``.  A thread that ended
+    between the readings took its CPU with it, so the parts may sum to less
+    than the process's.
+    """
+    out = dict.fromkeys(THREAD_KINDS, 0.0)
+    for tid, (kind, seconds) in after.items():
+        out[kind] += seconds - before.get(tid, (kind, 0.0))[1]
+    return out
+
+
 def rss_bytes(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:

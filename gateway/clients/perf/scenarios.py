@@ -130,11 +130,13 @@ class Scenario:
 
     def _measure(self, name: str, fleet: Fleet, expected: int, unit: str, figure: Callable[[list[RoleResult], float], float], details: Callable[[list[RoleResult]], dict[str, Any]] | None = None) -> Result:
         cpu0 = procinfo.cpu_seconds(self.broker_pid) if self.broker_pid else None
+        threads0 = procinfo.thread_cpu_seconds(self.broker_pid) if self.broker_pid else None
         try:
             results = fleet.run()
         finally:
             fleet.close()
         cpu1 = procinfo.cpu_seconds(self.broker_pid) if self.broker_pid else None
+        threads1 = procinfo.thread_cpu_seconds(self.broker_pid) if self.broker_pid else None
         t_first = min(r["t_first"] for r in results if "t_first" in r)
         ends = [r["t_last"] for r in results if r.get("t_last") is not None]
         t_end = max(ends) if ends else max(r["t_done"] for r in results if "t_done" in r)
@@ -142,6 +144,9 @@ class Scenario:
         received = sum(r.get("received", 0) for r in results)
         verified = received == expected and all(r.get("exact", True) for r in results)
         extra = details(results) if details else {}
+        if threads0 is not None and threads1 is not None:
+            split = procinfo.thread_cpu_split(threads0, threads1)
+            extra["broker_threads_cpu_s"] = {kind: round(seconds, 3) for kind, seconds in split.items()}
         return Result(
             name, figure(results, seconds), unit, verified, received, expected, seconds,
             sum(r["cpu"] for r in results),
