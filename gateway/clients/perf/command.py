@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway import compiled
 from gateway.auth.users import PasswordHash, set_user, write_lines
-from gateway.clients.perf import procinfo
+from gateway.clients.perf import compare, procinfo
 from gateway.clients.perf.roles import Target
 from gateway.clients.perf.scenarios import (
     GROUPS,
@@ -56,6 +56,10 @@ def add_parser(commands: Any) -> None:
     perf.add_argument("--network", action="store_true",
                       help="with --start-broker: start a second broker, the two peered in a network of brokers, "
                            "for network-queue: producers on the first, consumers on the second")
+    perf.add_argument("--against-plain", action="store_true",
+                      help="with --start-broker --stream: each round runs the scenarios on a fresh plain broker and "
+                           "a fresh streaming one, alternating, and the summary gives the stream's ratio and added CPU")
+    perf.add_argument("--rounds", type=int, default=3, help="with --against-plain: rounds (default 3)")
     perf.add_argument("--count", type=int, help="messages (or connections) per scenario instead of its default")
     perf.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
     perf.add_argument("--subscribers", type=int, default=50, help="mqtt-fanout subscribers (default 50)")
@@ -91,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"gateway perf: --{flag} configures the broker it starts; add --start-broker", file=sys.stderr)
             return 2
     options = Options(args.size, args.count, args.subscribers, args.inflight, args.rate, args.duration, args.connections)
+    if args.against_plain:
+        return _against_plain(args, names, options)
     remote = OwnBroker() if args.bridge else None
     broker = None
     try:
@@ -128,6 +134,40 @@ def run(args: argparse.Namespace) -> int:
         for own in (broker, remote):
             if own is not None:
                 own.stop()
+
+
+def _against_plain(args: argparse.Namespace, names: list[str], options: Options) -> int:
+    if not (args.start_broker and args.stream) or args.auth or args.bridge or args.network:
+        print("gateway perf: --against-plain compares brokers it starts: use it with --start-broker --stream only",
+              file=sys.stderr)
+        return 2
+    if args.rounds < 1:
+        print("gateway perf: --rounds must be at least 1", file=sys.stderr)
+        return 2
+    if names == expand(["all"]):
+        names = list(compare.DEFAULT)
+    other = [n for n in names if n not in compare.COMPARABLE]
+    if other:
+        print(f"gateway perf: --against-plain compares throughput on one broker: {', '.join(other)} cannot be "
+              f"(choose from {', '.join(compare.COMPARABLE)})", file=sys.stderr)
+        return 2
+    build = compiled.describe().split(" (")[0]
+
+    def report(mode: str, number: int, result: Result) -> None:
+        line = {"broker": f"gateway (--start-broker{' --stream' if mode == 'stream' else ''}; {build})",
+                "mode": mode, "round": number, **result.as_json()}
+        print(json.dumps(line), flush=True)
+
+    try:
+        summaries = compare.compare(names, options, args.rounds, lambda stream: OwnBroker(stream=stream),
+                                    args.host, report)
+    except (PerfError, OSError) as exc:
+        print(f"gateway perf: {exc}", file=sys.stderr)
+        return 1
+    for summary in summaries:
+        print(json.dumps(summary.as_json()), flush=True)
+    print(compare.table(summaries), flush=True)
+    return 0 if all(s.as_json()["verified"] for s in summaries) else 1
 
 
 def table(results: list[Result], label: str, pid: int | None) -> str:
