@@ -21,7 +21,7 @@ from gateway.clients.perf.scenarios import SCENARIOS, Options, Result, Scenario
 
 # Issue 27's targets: a stream costs at most 15% of the figure (at most 40% where each
 # message waits for its record's sync before its PUBACK), and 0.4 us of broker CPU a record.
-RATIO_TARGETS = {"mqtt-qos0": 0.85, "mqtt-qos1": 0.6, "stomp-queue": 0.85, "stomp-persistent": 0.85, "mqtt-fanout": 0.85}
+RATIO_TARGETS = {"mqtt-qos0": 0.85, "mqtt-qos1": 0.6, "stomp-queue": 0.85, "stomp-persistent": 0.85}
 ADDED_CPU_TARGET_US = 0.4
 # Throughput scenarios on one broker: a ratio of their figures means "how much is left".
 COMPARABLE = ("mqtt-qos0", "mqtt-qos1", "mqtt-fanout", "stomp-queue", "stomp-persistent")
@@ -63,16 +63,16 @@ class Summary:
             "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
             "ratio_target": RATIO_TARGETS.get(self.scenario),
         })
-        cpu = [(per_message(p.plain), per_message(p.stream)) for p in pairs]
-        if all(a is not None and b is not None for a, b in cpu):
-            out["plain_cpu_us"] = round(statistics.median(a for a, _ in cpu if a is not None), 2)
-            out["stream_cpu_us"] = round(statistics.median(b for _, b in cpu if b is not None), 2)
-            out["added_cpu_us"] = round(statistics.median(b - a for a, b in cpu if a is not None and b is not None), 2)
+        cpu = [(a, b) for a, b in ((per_message(p.plain), per_message(p.stream)) for p in pairs)
+               if a is not None and b is not None]
+        if len(cpu) == len(pairs):  # a broker whose CPU could not be read gives ratios only
+            out["plain_cpu_us"] = round(statistics.median(a for a, _ in cpu), 2)
+            out["stream_cpu_us"] = round(statistics.median(b for _, b in cpu), 2)
+            out["added_cpu_us"] = round(statistics.median(b - a for a, b in cpu), 2)
             out["added_cpu_target_us"] = ADDED_CPU_TARGET_US
-        split = [added_by_thread(p) for p in pairs]
-        if all(s is not None for s in split):
-            kinds = split[0].keys() if split[0] else ()
-            out["added_cpu_us_by_thread"] = {k: round(statistics.median(s[k] for s in split if s), 2) for k in kinds}
+        split = [s for s in map(added_by_thread, pairs) if s is not None]
+        if len(split) == len(pairs):
+            out["added_cpu_us_by_thread"] = {k: round(statistics.median(s[k] for s in split), 2) for k in split[0]}
         return out
 
 
