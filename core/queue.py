@@ -20,8 +20,9 @@ from typing import Protocol
 
 from core.consumer import Consumer
 from core.entry import Entry
-from core.message import Message, decode_message, encode_message
+from core.message import Message, decode_message
 from core.policy import Policy
+from core.storage import entry_record
 from persistence.store import Store, StoreUnavailable
 
 PRIORITIES = 10
@@ -314,7 +315,7 @@ class MessageQueue:
             spill = self.host.spill
             if spill is None:
                 return False
-            spill.put_message(self.name, entry.seq, encode_message(entry.message))
+            spill.put_message(self.name, entry.seq, entry_record(entry))
             self.spilled += 1
         if not self.paged:
             self.page_from = entry.seq

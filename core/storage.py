@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 
 from core.entry import Entry
 from core.message import Message, decode_message, encode_message
+from core.via import ViaMarker
 from persistence.store import Store
 
 DURABLE_KIND = "durable"          # key: durable key -> subscription definition (JSON)
@@ -99,6 +100,15 @@ class StoreUsage:
             resume()
 
 
+def entry_record(entry: Entry) -> bytes:
+    """A queue entry as it is stored or spilled: its message, and what its ``via`` marker must keep."""
+    via = entry.via
+    if isinstance(via, ViaMarker) and via.STORED_HEADER is not None:
+        message = entry.message  # shared with other queues: the stored copy gets the header, not it
+        return encode_message(message.copy(headers={**message.headers, via.STORED_HEADER: "1"}))
+    return encode_message(entry.message)
+
+
 class QueueStorage:
     __slots__ = ("store", "destination", "key", "usage", "bytes")
     # Its entries are one key range, so a queue can leave them there and page them in.
@@ -113,7 +123,7 @@ class QueueStorage:
         self.bytes = 0
 
     def add(self, entry: Entry) -> None:
-        self.store.put_message(self.destination, entry.seq, encode_message(entry.message))
+        self.store.put_message(self.destination, entry.seq, entry_record(entry))
         size = stored_size(entry)
         self.bytes += size
         self.usage.add(size)
@@ -147,7 +157,7 @@ class TopicMessages:
     def retain(self, entry: Entry) -> None:
         count = self.refs.get(entry.seq, 0)
         if count == 0:
-            self.store.put_message(entry.message.destination, entry.seq, encode_message(entry.message))
+            self.store.put_message(entry.message.destination, entry.seq, entry_record(entry))
             self.usage.add(stored_size(entry))
         self.refs[entry.seq] = count + 1
 

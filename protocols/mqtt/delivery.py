@@ -32,6 +32,7 @@ from protocols.mqtt.state import (
     MQTT3_CACHE_KEY,
     NO_OPTIONS,
     RETAIN_HEADER,
+    RETAINED_SEND_HEADER,
     Inflight,
     RetainedVia,
     SubscriptionOptions,
@@ -80,7 +81,9 @@ def deliver_one(session: MqttSession, live: Connected, consumer: Consumer, entry
                 options_all = tuple(_options(live, consumer, s) for s in via)
             else:  # rebuilt from the store: no record of what matched
                 options_all = _recovered_options(live, message)
-            retain = bool(message.headers.get(RETAIN_HEADER)) and any(o.retain_as_published for o in options_all)
+            # A retained message sent because of a SUBSCRIBE keeps RETAIN 1 when it comes back from the store.
+            retain = bool(message.headers.get(RETAINED_SEND_HEADER)) or (
+                bool(message.headers.get(RETAIN_HEADER)) and any(o.retain_as_published for o in options_all))
         granted = max((o.qos for o in options_all), default=0)
     qos = min(message_qos(message), granted)
     if session.level == 5:

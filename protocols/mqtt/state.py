@@ -40,6 +40,9 @@ RETAIN_HEADER = "mqtt-retain"
 FORMAT_HEADER = "mqtt-payload-format"
 # Only when a name repeats: the full list in order, since headers hold one value per name.
 USER_PROPERTIES_HEADER = "mqtt-user-properties"
+# On the stored copy of a retained message sent because of a SUBSCRIBE (RetainedVia): read
+# back from the store (paged out, or after a restart) it still goes out with RETAIN 1.
+RETAINED_SEND_HEADER = "mqtt-retained-send"
 _INTERNAL_PREFIX = "mqtt-"
 # A CONNECT and CONNACK user property: a gateway's bridge names its broker, and a gateway answers
 # with its own name, so each side knows which broker a message would go back to.
@@ -122,6 +125,7 @@ class RetainedVia(ViaMarker):
     """Entry.via marker for a retained message sent because of a SUBSCRIBE (retain flag 1)."""
 
     __slots__ = ("options",)
+    STORED_HEADER = RETAINED_SEND_HEADER
 
     def __init__(self, options: SubscriptionOptions) -> None:
         self.options = options

@@ -365,6 +365,43 @@ def test_unacked_qos1_after_a_restart_keeps_dup_and_packet_id(tmp_path):
         handle.stop()
 
 
+def test_a_retained_message_sent_on_subscribe_and_unacked_comes_back_after_a_restart_with_retain_1(tmp_path):
+    """MQTT-3.3.1-8 across a restart: the resent PUBLISH is the one sent because of the SUBSCRIBE.
+
+    Why: the entry's reason lived only in memory, so an entry read back from the
+    store went out as a live forward would (RETAIN 0).  A live forward of a
+    retained publish, stored for the same session, still goes out with RETAIN 0.
+    """
+    from persistence.memory import MemoryStore
+
+    store = MemoryStore()
+    config = make_config(tmp_path)
+    handle = BrokerHandle(config, store)
+    try:
+        p, _ = raw(handle, "rr-pub")
+        p.packet(mq.Publish("rr/kept", b"retained before", qos=1, packet_id=1, retain=True))
+        assert isinstance(p.read(), mq.Puback)
+        r, _ = raw(handle, "rr", clean=False)
+        raw_subscribe(r, 1, ("rr/#", 1))
+        on_subscribe = r.read()
+        assert (on_subscribe.payload, on_subscribe.retain) == (b"retained before", True)
+        p.packet(mq.Publish("rr/kept", b"retained live", qos=1, packet_id=2, retain=True))
+        assert isinstance(p.read(), mq.Puback)
+        live = r.read()
+        assert (live.payload, live.retain) == (b"retained live", False)
+        # Neither is acknowledged: both are in the session's store when the broker stops.
+        handle = _restart(handle, config, store)
+        r, ack = raw(handle, "rr", clean=False)
+        assert ack.session_present
+        again = [r.read(), r.read()]
+        assert [(m.payload, m.retain, m.dup) for m in again] == [
+            (b"retained before", True, True), (b"retained live", False, True),
+        ]
+        assert all("mqtt-retained-send" not in m.properties for m in again)
+    finally:
+        handle.stop()
+
+
 def test_pubrel_is_resent_after_a_restart(tmp_path):
     from persistence.memory import MemoryStore
 

@@ -235,13 +235,17 @@ def flood_stomp(broker: BrokerHandle, destination: str, first: int, count: int, 
         sock.close()
 
 
-def flood_mqtt(broker: BrokerHandle, topic: str, first: int, count: int, qos: int) -> None:
-    """Publish as fast as the socket takes them; returns once every PUBACK (or a PINGRESP after QoS 0) is back."""
+def flood_mqtt(broker: BrokerHandle, topic: str, first: int, count: int, qos: int, retained: bool = False) -> None:
+    """Publish as fast as the socket takes them; returns once every PUBACK (or a PINGRESP after QoS 0) is back.
+
+    ``retained``: each message retained on a topic of its own, ``topic/N``.
+    """
     sock = socket.create_connection(("127.0.0.1", broker.mqtt_port), timeout=DEADLINE)
     decoder = mq.MqttDecoder(level=4, server=False)
     sock.sendall(mq.encode(mq.Connect("MQTT", 4, True, 0, f"flood-{topic}"), 4))
     packets = [
-        mq.encode_publish(topic, body(i), qos, False, False, (i % 65535) + 1 if qos else None, None, 4)
+        mq.encode_publish(f"{topic}/{i}" if retained else topic, body(i), qos, retained, False,
+                          (i % 65535) + 1 if qos else None, None, 4)
         for i in range(first, first + count)
     ]
     packets.append(mq.encode(mq.Pingreq(), 4))  # answered after every publish before it
@@ -501,6 +505,33 @@ def test_slow_mqtt_subscriber_holds_back_only_itself(broker: BrokerHandle, qos: 
     """
     slow = SlowMqtt(broker, "slow/t", qos)
     run_scenario(broker, slow, lambda first, count: flood_mqtt(broker, "slow/t", first, count, qos), own_store=False)
+
+
+@LIMITED
+def test_retained_messages_a_slow_subscriber_gets_on_subscribe_keep_retain_1_when_paged(broker: BrokerHandle) -> None:
+    """MQTT-3.3.1-8: a retained message sent because of a SUBSCRIBE has RETAIN 1, however it waited.
+
+    Why: the entry's reason (``RetainedVia``) lived only in memory, and an entry
+    paged out of a slow subscriber's queue came back from the spill store without
+    it, so it went out with RETAIN 0.  Seen in CI as one of 300,000 retained
+    messages read after a restart (tests/system/test_retained_flood.py), only
+    when the reader fell behind; here the reader is made slow on purpose.
+    """
+    count = SLOW  # ~4.4 MB retained: far beyond the queue's limit and the socket buffers
+    flood_mqtt(broker, "kept", 0, count, 0, retained=True)
+    slow = SlowMqtt(broker, "kept/+", 0)
+    wait_until(lambda: slow_state(broker)["paged"] > 0, DEADLINE, "the retained backlog to be paged out")
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # now read it quickly
+    got = []
+    while len(got) < count:
+        packet = slow._next()
+        assert isinstance(packet, mq.Publish) and packet.retain, packet  # RETAIN 1 for every one
+        assert packet.topic == f"kept/{index(packet.payload)}" and "mqtt-retained-send" not in packet.properties
+        got.append(index(packet.payload))
+    assert sorted(got) == list(range(count))  # each once
+    flood_mqtt(broker, "kept", 0, 1, 0, retained=True)  # a live publish of a retained topic: RETAIN 0 to a subscriber
+    live = slow._next()
+    assert isinstance(live, mq.Publish) and live.topic == "kept/0" and not live.retain, live
 
 
 BACKLOG = 8000  # ~9 MB: far beyond MAX_WRITE_BUFFER if it is loaded all at once
