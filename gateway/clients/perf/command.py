@@ -153,9 +153,9 @@ def _against_plain(args: argparse.Namespace, names: list[str], options: Options)
         return 2
     build = compiled.describe().split(" (")[0]
 
-    def report(mode: str, number: int, result: Result) -> None:
+    def report(mode: str, number: int, result: Result, pid: int) -> None:
         line = {"broker": f"gateway (--start-broker{' --stream' if mode == 'stream' else ''}; {build})",
-                "mode": mode, "round": number, **result.as_json()}
+                "broker_pid": pid, "mode": mode, "round": number, **result.as_json()}
         print(json.dumps(line), flush=True)
 
     try:
