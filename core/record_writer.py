@@ -202,10 +202,63 @@ def _packed(code: str, values: list[int]) -> bytes:
 
 
 def _int64s(values: list[int]) -> bytes:
+    """Never-decreasing int64s (the timestamps): a run of equal ones packed once.
+
+    A turn's records arrive within a few milliseconds, so its timestamps are
+    a few runs; packed one by one, each value was a Python int parsed by
+    struct.  Past ``_MAX_RUNS`` runs they are packed one by one after all.
+    """
     first = values[0]
+    n = len(values)
     if first == values[-1]:  # never decreasing: all equal
-        return _I64.pack(first) * len(values)
-    return _packed("q", values)
+        return _I64.pack(first) * n
+    runs: list[bytes] = []
+    value = first
+    start = 0
+    i = 0
+    for v in values:
+        if v != value:
+            if len(runs) >= _MAX_RUNS:
+                return _packed("q", values)
+            runs.append(_I64.pack(value) * (i - start))
+            value = v
+            start = i
+        i += 1
+    runs.append(_I64.pack(value) * (n - start))
+    return b"".join(runs)
+
+
+_MAX_RUNS: Final = 32
+
+# The offsets column is base, base + 1, ...: read as one little-endian integer it
+# is base * ONES + STEPS (ONES: a 1 in each 64-bit word; STEPS: 0, 1, 2, ... in
+# them), whose bytes are the column.  A multiplication, an addition and to_bytes
+# are three C loops over the turn's 8n bytes, where struct parsed a Python int
+# made for each record.  Kept for each count of records seen, within a bound.
+_SEQUENCES: dict[int, tuple[int, int]] = {}
+_SEQUENCE_BYTES = [0]
+_SEQUENCE_LIMIT: Final = 8 << 20  # bytes of cached integers; past it the cache starts over
+_LONGEST_SEQUENCE: Final = 1 << 16
+
+
+def _sequence(base: int, n: int) -> bytes:
+    """The int64 offsets ``base`` .. ``base + n - 1``, little-endian (0 <= base, base + n <= 2**63)."""
+    if n > _LONGEST_SEQUENCE:
+        return _packed("q", list(range(base, base + n)))
+    found = _SEQUENCES.get(n)
+    if found is None:
+        if _SEQUENCE_BYTES[0] > _SEQUENCE_LIMIT:
+            _SEQUENCES.clear()
+            _SEQUENCE_BYTES[0] = 0
+        ones = int.from_bytes(_ONE * n, "little")
+        steps = int.from_bytes(_packed("q", list(range(n))), "little")
+        found = _SEQUENCES[n] = (ones, steps)
+        _SEQUENCE_BYTES[0] += 16 * n
+    ones, steps = found
+    return (base * ones + steps).to_bytes(8 * n, "little")
+
+
+_ONE: Final = _I64.pack(1)
 
 
 def _uniform_offsets(body: _Body, lengths: list[int], n: int) -> int:
@@ -342,7 +395,7 @@ def encode_records(base: int, messages: list[Message], timestamps: list[int]) ->
     pieces: list[bytes] = [b"", _PREFIX, b""]  # the chunk header and the metadata go in last
     body = _Body(pieces)
     body.absent()
-    body.add(_packed("q", list(range(base, base + n))))
+    body.add(_sequence(base, n))
     body.absent()
     body.add(_int64s(timestamps))
     if one_destination:

@@ -143,6 +143,27 @@ def test_a_turn_past_the_cached_series_is_packed_one_by_one():
     assert batch.column("headers")[n - 1].as_py() == [("q", "0")]
 
 
+@pytest.mark.parametrize("runs", [1, 2, 32, 33, 600])
+def test_timestamps_in_runs_of_equal_values_read_back_exactly(runs):
+    """A turn's timestamps are packed a run at a time, and one by one past 32 runs."""
+    n = 600
+    timestamps = [1_700_000_000_000 + (i * runs) // n for i in range(n)]
+    assert len(set(timestamps)) == runs
+    messages = [Message("ID:%d" % i, "topic://t", b"x", {}) for i in range(n)]
+    batch = written(3, messages, timestamps)
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == timestamps
+    assert batch.equals(reference(3, messages, timestamps))
+
+
+@pytest.mark.parametrize("n", [1, 2, 584])
+def test_offsets_up_to_the_last_int64(n):
+    """The offsets, built as one integer's bytes, stay exact up to 2**63 - 1."""
+    base = 2**63 - n
+    messages = [Message("ID:%d" % i, "topic://t", b"x", {}) for i in range(n)]
+    batch = written(base, messages, [7] * n)
+    assert batch.column("offset").to_pylist() == list(range(base, 2**63))
+
+
 def test_large_bodies_of_one_length():
     messages = [Message("ID:%d" % i, "topic://t", bytes([i]) * (8 << 20), {}) for i in range(3)]
     batch = written(0, messages, [1, 2, 3])
